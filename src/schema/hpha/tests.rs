@@ -97,7 +97,7 @@ fn freeing_neighbours_coalesces_and_empty_chunks_go_back() {
     let h = heap();
     let l = layout(10_000, 16);
     let blocks: Vec<_> = (0..6).map(|_| h.allocate(l).unwrap()).collect();
-    // SAFETY (all frees below): each block was allocated with `l` and is freed once.
+    // SAFETY: (all frees below) each block was allocated with `l` and is freed once.
     unsafe {
         h.deallocate(blocks[1].ptr, l);
         h.validate().unwrap();

@@ -462,18 +462,21 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
-    /// Node storage for tests: boxed nodes at stable addresses.
-    fn make_nodes(n: usize) -> Vec<Box<Node>> {
-        (0..n)
-            .map(|_| {
-                Box::new(Node {
-                    left: null_mut(),
-                    right: null_mut(),
-                    parent: null_mut(),
-                    size_color: 0,
-                })
+    /// Node storage for tests: a vector that is never resized, so addresses are stable,
+    /// and raw pointers to each node derived once from it.
+    fn make_nodes(n: usize) -> (Vec<Node>, Vec<*mut Node>) {
+        let mut nodes: Vec<Node> = (0..n)
+            .map(|_| Node {
+                left: null_mut(),
+                right: null_mut(),
+                parent: null_mut(),
+                size_color: 0,
             })
-            .collect()
+            .collect();
+        let base = nodes.as_mut_ptr();
+        // SAFETY: `i < n`, inside the vector.
+        let ptrs = (0..n).map(|i| unsafe { base.add(i) }).collect();
+        (nodes, ptrs)
     }
 
     struct XorShift(u64);
@@ -490,8 +493,7 @@ mod tests {
     fn random_inserts_and_removes_keep_every_invariant() {
         let n = if cfg!(miri) { 40 } else { 600 };
         let rounds = if cfg!(miri) { 150 } else { 20_000 };
-        let mut nodes = make_nodes(n);
-        let ptrs: Vec<*mut Node> = nodes.iter_mut().map(|b| &mut **b as *mut Node).collect();
+        let (nodes, ptrs) = make_nodes(n);
         let mut tree = FreeTree::new();
         let mut model: BTreeSet<(usize, usize)> = BTreeSet::new();
         let mut in_tree = vec![false; n];
@@ -542,11 +544,11 @@ mod tests {
     #[test]
     fn ascending_and_descending_inserts_stay_balanced() {
         let n = if cfg!(miri) { 64 } else { 4096 };
-        let mut nodes = make_nodes(n);
+        let (nodes, ptrs) = make_nodes(n);
         let mut tree = FreeTree::new();
-        for (i, node) in nodes.iter_mut().enumerate() {
+        for (i, &node) in ptrs.iter().enumerate() {
             // SAFETY: each node is valid and inserted once.
-            unsafe { tree.insert(&mut **node, (i + 1) * 16) };
+            unsafe { tree.insert(node, (i + 1) * 16) };
         }
         assert_eq!(tree.validate(), Ok(n));
         // Height bound of a red-black tree: at most 2·log2(n + 1).
@@ -559,12 +561,13 @@ mod tests {
         }
         let bound = 2 * (usize::BITS - (n + 1).leading_zeros()) as usize;
         assert!(height(tree.root) <= bound);
-        for node in nodes.iter_mut().rev() {
+        for &node in ptrs.iter().rev() {
             // SAFETY: every node is in the tree.
-            unsafe { tree.remove(&mut **node) };
+            unsafe { tree.remove(node) };
             tree.validate().unwrap();
         }
         assert_eq!(tree.len(), 0);
         assert!(tree.first().is_null());
+        drop(nodes);
     }
 }
