@@ -71,7 +71,19 @@ fn alignments_up_to_one_gib_work() {
 #[test]
 fn realloc_keeps_alignment_and_contents_across_every_path() {
     let sizes = [
-        1, 8, 100, 512, 600, 4096, 5000, 70_000, 2 << 20, 20 << 20, 3, 40 << 20, 9,
+        1,
+        8,
+        100,
+        512,
+        600,
+        4096,
+        5000,
+        70_000,
+        2 << 20,
+        20 << 20,
+        3,
+        40 << 20,
+        9,
     ];
     for align in [1, 16, 64, 4096, 1 << 16, 1 << 21] {
         let mut layout = Layout::from_size_align(sizes[0], align).unwrap();
@@ -83,7 +95,10 @@ fn realloc_keeps_alignment_and_contents_across_every_path() {
                 p = ALLOC.realloc(p, layout, size);
                 assert!(!p.is_null());
                 assert_eq!(p as usize % align, 0, "align {align} size {size}");
-                assert_eq!(*p, 0xC3, "first byte preserved (align {align}, size {size})");
+                assert_eq!(
+                    *p, 0xC3,
+                    "first byte preserved (align {align}, size {size})"
+                );
                 p.add(size - 1).write(1);
                 layout = Layout::from_size_align(size, align).unwrap();
             }

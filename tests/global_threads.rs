@@ -26,7 +26,10 @@ fn ring_workload(threads: usize, rounds: usize) -> u64 {
                 tx.send(vec![fill; size]).unwrap();
                 let got = rx.recv().unwrap();
                 let first = got[0];
-                assert!(got.iter().all(|&b| b == first), "contents changed in transit");
+                assert!(
+                    got.iter().all(|&b| b == first),
+                    "contents changed in transit"
+                );
                 checksum += got.len() as u64;
             }
             drop(tx);

@@ -10,9 +10,18 @@ use tagalloc::schema::{Allocation, HphaSchema};
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { size: usize, align_log: u32, zeroed: bool },
-    Free { pick: usize },
-    Realloc { pick: usize, size: usize },
+    Alloc {
+        size: usize,
+        align_log: u32,
+        zeroed: bool,
+    },
+    Free {
+        pick: usize,
+    },
+    Realloc {
+        pick: usize,
+        size: usize,
+    },
     Collect,
 }
 
@@ -86,7 +95,11 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     for (step, op) in ops.iter().enumerate() {
         let seed = step as u8;
         match *op {
-            Op::Alloc { size, align_log, zeroed } => {
+            Op::Alloc {
+                size,
+                align_log,
+                zeroed,
+            } => {
                 let layout = Layout::from_size_align(size, 1 << align_log).unwrap();
                 let block = if zeroed {
                     heap.allocate_zeroed(layout)
@@ -101,7 +114,14 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                     prop_assert!(bytes.iter().all(|&b| b == 0), "zeroed block is not zero");
                 }
                 write_pattern(block, size, seed);
-                live.insert(block.ptr.as_ptr() as usize, Live { block, layout, seed });
+                live.insert(
+                    block.ptr.as_ptr() as usize,
+                    Live {
+                        block,
+                        layout,
+                        seed,
+                    },
+                );
             }
             Op::Free { pick } if !live.is_empty() => {
                 let key = *live.keys().nth(pick % live.len()).unwrap();
@@ -126,7 +146,14 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 }
                 let layout = Layout::from_size_align(size, l.layout.align()).unwrap();
                 write_pattern(block, size, seed);
-                live.insert(block.ptr.as_ptr() as usize, Live { block, layout, seed });
+                live.insert(
+                    block.ptr.as_ptr() as usize,
+                    Live {
+                        block,
+                        layout,
+                        seed,
+                    },
+                );
             }
             Op::Collect => heap.garbage_collect(),
             _ => {}

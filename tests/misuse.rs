@@ -14,7 +14,12 @@ const CASE_VAR: &str = "TAGALLOC_MISUSE_CASE";
 fn run_child(case: &str) -> String {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
-        .args(["child_entry_point", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "child_entry_point",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CASE_VAR, case)
         .output()
         .unwrap();
@@ -74,7 +79,10 @@ fn double_free_of_a_large_block_is_reported() {
 #[test]
 fn freeing_with_the_wrong_size_class_is_reported() {
     let err = run_child("wrong_class");
-    assert!(err.contains("the layout passed to dealloc differs"), "{err}");
+    assert!(
+        err.contains("the layout passed to dealloc differs"),
+        "{err}"
+    );
 }
 
 #[test]

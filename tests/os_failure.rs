@@ -9,10 +9,10 @@ use tagalloc::schema::HphaSchema;
 fn every_path_turns_a_refused_map_into_none_and_recovers() {
     let heap = HphaSchema::new(OsAllocator);
     let cases = [
-        Layout::from_size_align(64, 8).unwrap(),          // first small page: a segment
-        Layout::from_size_align(100_000, 16).unwrap(),    // first large block: a chunk
-        Layout::from_size_align(32 << 20, 8).unwrap(),    // a dedicated mapping
-        Layout::from_size_align(64, 1 << 20).unwrap(),    // an aligned dedicated mapping
+        Layout::from_size_align(64, 8).unwrap(), // first small page: a segment
+        Layout::from_size_align(100_000, 16).unwrap(), // first large block: a chunk
+        Layout::from_size_align(32 << 20, 8).unwrap(), // a dedicated mapping
+        Layout::from_size_align(64, 1 << 20).unwrap(), // an aligned dedicated mapping
     ];
     for layout in cases {
         let failed_before = OsAllocator::stats().failed_maps;
