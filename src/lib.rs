@@ -9,5 +9,6 @@ pub mod os;
 pub mod schema;
 mod sync;
 mod system;
+mod thread_cache;
 
 pub use system::SystemAllocator;

@@ -689,6 +689,24 @@ impl LargeHeap {
         }
     }
 
+    /// Takes the large heap's lock (before `fork()`).
+    ///
+    /// # Safety
+    /// Must be paired with [`LargeHeap::unlock_all`], with no guard alive in between.
+    pub(crate) unsafe fn lock_all(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.state.lock_raw() };
+    }
+
+    /// Releases the lock taken by [`LargeHeap::lock_all`].
+    ///
+    /// # Safety
+    /// Only after `lock_all`, with no guard alive.
+    pub(crate) unsafe fn unlock_all(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.state.force_unlock() };
+    }
+
     pub(crate) fn stats(&self) -> LargeStats {
         let st = self.state.lock();
         LargeStats {

@@ -10,9 +10,9 @@
 //! Rust hands the layout back on free, so the class of a small block is computed, not read
 //! from the block; the page header only confirms it.
 
-mod large;
-mod size_class;
-mod small;
+pub(crate) mod large;
+pub(crate) mod size_class;
+pub(crate) mod small;
 mod tree;
 
 use crate::os::{OsAllocator, PageSource};
@@ -82,6 +82,9 @@ pub struct HphaStats {
     pub largest_free_large_block: usize,
     /// Live blocks with a mapping of their own.
     pub direct_blocks: usize,
+    /// Bytes of small blocks sitting in thread caches: free for the program, still held
+    /// by the heap. Always 0 for a heap used directly (only `SystemAllocator` has caches).
+    pub thread_cached_bytes: usize,
 }
 
 impl<S: PageSource> HphaSchema<S> {
@@ -92,6 +95,16 @@ impl<S: PageSource> HphaSchema<S> {
             large: LargeHeap::new(),
             source,
         }
+    }
+
+    /// The small-block side, for the thread caches in front of the global heap.
+    pub(crate) fn small_heap(&self) -> &SmallHeap {
+        &self.small
+    }
+
+    /// The large-block side, for the global allocator's own realloc path.
+    pub(crate) fn large_heap(&self) -> &LargeHeap {
+        &self.large
     }
 
     /// The page source this heap draws from.
@@ -256,6 +269,7 @@ impl<S: PageSource> HphaSchema<S> {
             free_large_bytes: large.free_bytes,
             largest_free_large_block: large.largest_free,
             direct_blocks: large.direct_blocks,
+            thread_cached_bytes: 0,
         }
     }
 

@@ -18,6 +18,7 @@ use crate::fatal::fatal;
 use crate::os::PageSource;
 use crate::sync::SpinLock;
 use core::ptr::null_mut;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Bytes per small-block page; also the alignment used to find a page header.
 pub const PAGE_SIZE: usize = 64 * 1024;
@@ -37,8 +38,8 @@ const NO_CLASS: u16 = u16::MAX;
 const PAGE_MAGIC: usize = 0x7a67_a110_c5a9_e5e1;
 
 /// A free slot's link in its page's free list.
-struct FreeSlot {
-    next: *mut FreeSlot,
+pub(crate) struct FreeSlot {
+    pub(crate) next: *mut FreeSlot,
 }
 
 /// The header at the start of every small-block page.
@@ -75,7 +76,7 @@ pub(crate) struct PageHeader {
     /// Pages of this segment carved so far (the rest were never touched).
     seg_carved: u32,
     /// One bit per slot: set while the slot is live (checked builds only).
-    live: [u64; BITMAP_WORDS],
+    live: [AtomicU64; BITMAP_WORDS],
 }
 
 /// Bytes at the start of each page taken by the header.
@@ -372,109 +373,108 @@ impl SmallHeap {
             (*page).capacity = capacity as u32;
             (*page).elem = elem as u32;
             (*page).tag = 0;
-            if CHECKED {
-                (*page).live = [0; BITMAP_WORDS];
+            for word in &(*page).live {
+                word.store(0, Relaxed);
             }
         }
     }
 
-    /// Allocates one slot of `class`; null if the source is out of memory.
-    #[inline]
-    pub(crate) fn allocate(&self, class: usize, source: &impl PageSource) -> *mut u8 {
-        let mut st = self.classes[class].0.lock();
-        let mut page = st.partial;
-        // SAFETY: pages in the partial list are valid headers of this class; the class lock
-        // is held, so nobody else touches them.
+    /// Takes a page from the pool into `class`'s partial list; false when out of memory.
+    #[cold]
+    fn add_page(&self, st: &mut ClassState, class: usize, source: &impl PageSource) -> bool {
+        let page = self.pool.lock().take_page(source);
+        if page.is_null() {
+            return false;
+        }
+        // SAFETY: the page was just taken from the pool and is ours; class lock held.
         unsafe {
-            if page.is_null() {
-                page = self.pool.lock().take_page(source);
-                if page.is_null() {
-                    return null_mut();
-                }
-                Self::format_page(page, class);
-                st.push_partial(page);
-                st.pages += 1;
-            }
-            let slot: *mut u8;
-            if !(*page).free.is_null() {
-                let s = (*page).free;
-                (*page).free = (*s).next;
-                slot = s.cast();
-            } else {
-                slot = (*page).bump;
-                (*page).bump = slot.add((*page).elem as usize);
-            }
-            (*page).used += 1;
-            if (*page).used == (*page).capacity {
-                st.unlink_partial(page);
-            }
-            if CHECKED {
-                let (w, bit) = Self::slot_bit(page, slot);
-                (*page).live[w] |= bit;
-            }
-            st.live_blocks += 1;
-            st.allocations += 1;
-            slot
+            Self::format_page(page, class);
+            st.push_partial(page);
         }
+        st.pages += 1;
+        true
     }
 
-    /// The bitmap word and bit of `slot` in `page`.
-    ///
-    /// # Safety
-    /// `page` must be a valid class page and `slot` a pointer into it.
-    #[inline]
-    unsafe fn slot_bit(page: *mut PageHeader, slot: *mut u8) -> (usize, u64) {
-        // SAFETY: forwarded; the header is valid.
-        let elem = unsafe { (*page).elem } as usize;
-        let from_end = page.addr() + PAGE_SIZE - slot.addr();
-        let index = from_end / elem;
-        (index / 64, 1 << (index % 64))
-    }
-
-    /// Frees a slot of `class`.
-    ///
-    /// # Safety
-    /// `ptr` must have come from [`SmallHeap::allocate`] with the same `class` and not have
-    /// been freed since. Misuse that can be seen cheaply (wrong class, not a small block, and
-    /// in checked builds a double free or an interior pointer) aborts with a message.
-    #[inline]
-    pub(crate) unsafe fn free(&self, ptr: *mut u8, class: usize) {
-        let page = page_of(ptr);
+    /// Hands out up to `max` slots of `class`, linked through their first word. Returns the
+    /// list head and how many slots it holds (0 when the source is out of memory).
+    pub(crate) fn take_slots(
+        &self,
+        class: usize,
+        max: usize,
+        source: &impl PageSource,
+    ) -> (*mut FreeSlot, usize) {
         let mut st = self.classes[class].0.lock();
-        // SAFETY: for a valid `ptr` the page is a live class page, stable while the block is
-        // live; the class lock serialises access to its fields.
+        let mut head: *mut FreeSlot = null_mut();
+        let mut got = 0;
+        // SAFETY: partial pages are valid headers of this class and the class lock is held;
+        // a slot is taken only while its page has room.
+        unsafe {
+            while got < max {
+                if st.partial.is_null() && !self.add_page(&mut st, class, source) {
+                    break;
+                }
+                let page = st.partial;
+                let elem = (*page).elem as usize;
+                while got < max && (*page).used < (*page).capacity {
+                    let slot: *mut FreeSlot = if !(*page).free.is_null() {
+                        let s = (*page).free;
+                        (*page).free = (*s).next;
+                        s
+                    } else {
+                        let s = (*page).bump;
+                        (*page).bump = s.add(elem);
+                        s.cast()
+                    };
+                    (*slot).next = head;
+                    head = slot;
+                    got += 1;
+                    (*page).used += 1;
+                }
+                if (*page).used == (*page).capacity {
+                    st.unlink_partial(page);
+                }
+            }
+        }
+        st.live_blocks += got;
+        st.allocations += got as u64;
+        (head, got)
+    }
+
+    /// Gives back `count` slots of `class`, linked from `head` through their first word.
+    ///
+    /// # Safety
+    /// Each slot must have come from [`SmallHeap::take_slots`] of this heap and class and be
+    /// free (nobody uses it). A slot whose page does not match aborts with a message.
+    pub(crate) unsafe fn return_slots(&self, class: usize, head: *mut FreeSlot, count: usize) {
+        let mut st = self.classes[class].0.lock();
+        let mut slot = head;
+        for _ in 0..count {
+            // SAFETY: the slot is free and ours to relink (caller's contract).
+            unsafe {
+                let next = (*slot).next;
+                self.return_one(&mut st, slot, class);
+                slot = next;
+            }
+        }
+        st.live_blocks -= count;
+        st.frees += count as u64;
+    }
+
+    /// Puts one slot back into its page. Class lock held by the caller.
+    #[inline]
+    unsafe fn return_one(&self, st: &mut ClassState, slot: *mut FreeSlot, class: usize) {
+        let page = page_of(slot.cast());
+        // SAFETY: for a valid slot the page is a live class page; the class lock is held.
         unsafe {
             if (*page).marker != page_marker(page) || (*page).class as usize != class {
-                drop(st);
-                Self::report_bad_free(ptr, page, class);
+                report_bad_free(slot.cast(), page, class);
             }
-            if CHECKED {
-                let elem = (*page).elem as usize;
-                let first = page.addr() + PAGE_SIZE - (*page).capacity as usize * elem;
-                if ptr.addr() < first || (page.addr() + PAGE_SIZE - ptr.addr()) % elem != 0 {
-                    drop(st);
-                    fatal!(
-                        "free of {:p}, which is inside a {}-byte block, not at its start",
-                        ptr,
-                        elem
-                    );
-                }
-                let (w, bit) = Self::slot_bit(page, ptr);
-                if (*page).live[w] & bit == 0 {
-                    drop(st);
-                    fatal!("double free of {:p} ({}-byte block)", ptr, elem);
-                }
-                (*page).live[w] &= !bit;
-            }
-            let slot: *mut FreeSlot = ptr.cast();
             (*slot).next = (*page).free;
             (*page).free = slot;
             if !(*page).in_partial {
                 st.push_partial(page);
             }
             (*page).used -= 1;
-            st.live_blocks -= 1;
-            st.frees += 1;
             if (*page).used == 0 && st.partial_count > 1 {
                 st.unlink_partial(page);
                 st.pages -= 1;
@@ -483,26 +483,29 @@ impl SmallHeap {
         }
     }
 
-    #[cold]
-    fn report_bad_free(ptr: *mut u8, page: *mut PageHeader, class: usize) -> ! {
-        // SAFETY: only reached for a pointer whose page header was just read.
-        let (marker_ok, page_class) =
-            unsafe { ((*page).marker == page_marker(page), (*page).class) };
-        if !marker_ok {
-            fatal!(
-                "free of {:p} as a {}-byte small block, but it is not a live small block of \
-                 this heap (wrong allocator, wrong layout, or already freed page)",
-                ptr,
-                class_size(class)
-            );
+    /// Allocates one slot of `class`; null if the source is out of memory.
+    pub(crate) fn allocate(&self, class: usize, source: &impl PageSource) -> *mut u8 {
+        let (slot, got) = self.take_slots(class, 1, source);
+        if got == 0 {
+            return null_mut();
         }
-        fatal!(
-            "free of {:p} with a layout of the {}-byte class, but the block is in the {}-byte \
-             class (the layout passed to dealloc differs from the one allocated)",
-            ptr,
-            class_size(class),
-            class_size(page_class as usize)
-        )
+        // SAFETY: the slot was just handed out by this heap.
+        unsafe { mark_allocated(slot.cast()) };
+        slot.cast()
+    }
+
+    /// Frees a slot of `class`.
+    ///
+    /// # Safety
+    /// `ptr` must have come from [`SmallHeap::allocate`] with the same `class` and not have
+    /// been freed since. Misuse that can be seen cheaply (wrong class, not a small block, and
+    /// in checked builds a double free or an interior pointer) aborts with a message.
+    pub(crate) unsafe fn free(&self, ptr: *mut u8, class: usize) {
+        // SAFETY: forwarded from the caller; after the check the slot is free and ours.
+        unsafe {
+            check_free(ptr, class);
+            self.return_slots(class, ptr.cast(), 1);
+        }
     }
 
     /// Returns empty class pages to the pool, then unmaps or purges pooled memory.
@@ -524,6 +527,34 @@ impl SmallHeap {
             }
         }
         self.pool.lock().collect(source);
+    }
+
+    /// Takes every lock of the small heap (before `fork()`).
+    ///
+    /// # Safety
+    /// Must be paired with [`SmallHeap::unlock_all`] on the same thread, with no guard of
+    /// these locks alive in between.
+    pub(crate) unsafe fn lock_all(&self) {
+        for class in &self.classes {
+            // SAFETY: forwarded; released by `unlock_all`.
+            unsafe { class.0.lock_raw() };
+        }
+        // SAFETY: as above.
+        unsafe { self.pool.lock_raw() };
+    }
+
+    /// Releases the locks taken by [`SmallHeap::lock_all`].
+    ///
+    /// # Safety
+    /// Only after `lock_all`, with no guards alive.
+    pub(crate) unsafe fn unlock_all(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.pool.force_unlock();
+            for class in &self.classes {
+                class.0.force_unlock();
+            }
+        }
     }
 
     pub(crate) fn stats(&self) -> SmallStats {
@@ -575,6 +606,90 @@ impl SmallHeap {
         }
         Ok(())
     }
+}
+
+/// The bitmap word and bit of `slot` in `page`.
+///
+/// # Safety
+/// `page` must be a valid class page and `slot` a pointer into it.
+#[inline]
+unsafe fn slot_bit(page: *mut PageHeader, slot: *mut u8) -> (usize, u64) {
+    // SAFETY: forwarded; the header is valid.
+    let elem = unsafe { (*page).elem } as usize;
+    let from_end = page.addr() + PAGE_SIZE - slot.addr();
+    let index = from_end / elem;
+    (index / 64, 1 << (index % 64))
+}
+
+/// In checked builds, records that the small block `ptr` now belongs to a user.
+///
+/// # Safety
+/// `ptr` must be a slot just handed out by a [`SmallHeap`].
+#[inline]
+pub(crate) unsafe fn mark_allocated(ptr: *mut u8) {
+    if CHECKED {
+        let page = page_of(ptr);
+        // SAFETY: the slot is live, so its page header is valid; the bitmap is atomic.
+        unsafe {
+            let (w, bit) = slot_bit(page, ptr);
+            (*page).live[w].fetch_or(bit, Relaxed);
+        }
+    }
+}
+
+/// In checked builds, validates a user's free of `ptr` as a block of `class` and records
+/// it: a foreign pointer, a wrong class, an interior pointer or a double free aborts with a
+/// message. Free in unchecked builds.
+///
+/// # Safety
+/// `ptr` must point into memory of a live small-block page (any pointer a user obtained
+/// from a [`SmallHeap`]).
+#[inline]
+pub(crate) unsafe fn check_free(ptr: *mut u8, class: usize) {
+    if !CHECKED {
+        return;
+    }
+    let page = page_of(ptr);
+    // SAFETY: the page header of a small block stays valid while any block of it is live.
+    unsafe {
+        if (*page).marker != page_marker(page) || (*page).class as usize != class {
+            report_bad_free(ptr, page, class);
+        }
+        let elem = (*page).elem as usize;
+        let first = page.addr() + PAGE_SIZE - (*page).capacity as usize * elem;
+        if ptr.addr() < first || (page.addr() + PAGE_SIZE - ptr.addr()) % elem != 0 {
+            fatal!(
+                "free of {:p}, which is inside a {}-byte block, not at its start",
+                ptr,
+                elem
+            );
+        }
+        let (w, bit) = slot_bit(page, ptr);
+        if (*page).live[w].fetch_and(!bit, Relaxed) & bit == 0 {
+            fatal!("double free of {:p} ({}-byte block)", ptr, elem);
+        }
+    }
+}
+
+#[cold]
+fn report_bad_free(ptr: *mut u8, page: *mut PageHeader, class: usize) -> ! {
+    // SAFETY: only reached for a pointer whose page header was just read.
+    let (marker_ok, page_class) = unsafe { ((*page).marker == page_marker(page), (*page).class) };
+    if !marker_ok {
+        fatal!(
+            "free of {:p} as a {}-byte small block, but it is not a live small block of this \
+             heap (wrong allocator, wrong layout, or already freed page)",
+            ptr,
+            class_size(class)
+        );
+    }
+    fatal!(
+        "free of {:p} with a layout of the {}-byte class, but the block is in the {}-byte class \
+         (the layout passed to dealloc differs from the one allocated)",
+        ptr,
+        class_size(class),
+        class_size(page_class as usize)
+    )
 }
 
 impl Default for SmallHeap {
