@@ -1,0 +1,158 @@
+//! The interleaved runs of the workloads and the collection of their result lines.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use crate::Options;
+use crate::build::{self, Bins};
+use crate::report;
+
+/// One measured run of one workload under one allocator.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub ms: f64,
+    pub peak_kib: u64,
+    pub end_kib: u64,
+    pub trim_kib: u64,
+    pub trimmed: bool,
+    pub check: u64,
+}
+
+/// Every sample, by workload then allocator, plus what went wrong.
+#[derive(Default)]
+pub struct Results {
+    pub samples: BTreeMap<(&'static str, &'static str), Vec<Sample>>,
+    pub failures: Vec<String>,
+    /// Warnings the binaries printed (for example that tagalloc is a stand-in).
+    pub notes: Vec<String>,
+}
+
+/// Parses the `RESULT key=value ...` line of a workload run.
+fn parse_result(stdout: &str) -> Option<Sample> {
+    let line = stdout.lines().find(|l| l.starts_with("RESULT "))?;
+    let field = |key: &str| {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    };
+    Some(Sample {
+        ms: field("ms")?.parse().ok()?,
+        peak_kib: field("peak_kib")?.parse().ok()?,
+        end_kib: field("end_kib")?.parse().ok()?,
+        trim_kib: field("trim_kib")?.parse().ok()?,
+        trimmed: field("trimmed")? == "1",
+        check: field("check")?.parse().ok()?,
+    })
+}
+
+/// Runs one workload in a fresh process.
+fn run_one(
+    bins: &Bins,
+    alloc: &str,
+    workload: &str,
+    scale: f64,
+) -> Result<(Sample, String), String> {
+    let out = Command::new(bins.workload(alloc))
+        .args([workload, "--scale", &scale.to_string()])
+        .output()
+        .map_err(|e| format!("{workload}/{alloc}: cannot start: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if !out.status.success() {
+        return Err(format!("{workload}/{alloc}: {} {stderr}", out.status));
+    }
+    let sample = parse_result(&stdout)
+        .ok_or_else(|| format!("{workload}/{alloc}: no result line in {stdout:?}"))?;
+    Ok((sample, stderr))
+}
+
+/// Runs every selected workload under every selected allocator for `opts.rounds` rounds,
+/// then prints the report and writes it to a file.
+pub fn main(opts: &Options, bins: &Bins) -> Result<(), String> {
+    let mut results = Results::default();
+    let n = opts.allocators.len();
+    for round in 0..opts.rounds {
+        for w in &opts.workloads {
+            let mut line = format!("round {}/{} {:<12}", round + 1, opts.rounds, w.name);
+            // Rotate the starting allocator each round so none always runs right after the
+            // same neighbour (caches, page cache, turbo state).
+            for k in 0..n {
+                let alloc = opts.allocators[(round + k) % n];
+                match run_one(bins, alloc, w.name, opts.scale) {
+                    Ok((s, stderr)) => {
+                        line += &format!(" {alloc} {:.0}ms", s.ms);
+                        for note in stderr.lines().filter_map(|l| l.strip_prefix("warning: ")) {
+                            let note = format!("{alloc}: {note}");
+                            if !results.notes.contains(&note) {
+                                results.notes.push(note);
+                            }
+                        }
+                        results.samples.entry((w.name, alloc)).or_default().push(s);
+                    }
+                    Err(e) => {
+                        line += &format!(" {alloc} FAILED");
+                        results.failures.push(e);
+                    }
+                }
+            }
+            eprintln!("{line}");
+        }
+    }
+
+    // Every run of a workload must have computed the same checksum, whatever the allocator.
+    for w in &opts.workloads {
+        let checks: Vec<(&str, u64)> = opts
+            .allocators
+            .iter()
+            .flat_map(|a| {
+                results
+                    .samples
+                    .get(&(w.name, *a))
+                    .into_iter()
+                    .flatten()
+                    .map(|s| (*a, s.check))
+            })
+            .collect();
+        let Some(&(_, first)) = checks.first() else {
+            continue;
+        };
+        if let Some((a, c)) = checks.iter().find(|(_, c)| *c != first) {
+            results.failures.push(format!(
+                "{}: checksum {c} under {a} differs from {first}",
+                w.name
+            ));
+        }
+    }
+
+    let text = report::render(opts, &results, &build::source_version(&bins.root));
+    print!("{text}");
+    let path = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| bins.dir.join("report.md"));
+    std::fs::write(&path, &text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    eprintln!("report written to {}", path.display());
+    if results.failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} run(s) failed or disagreed; see the report",
+            results.failures.len()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_a_result_line() {
+        let s = super::parse_result(
+            "noise\nRESULT workload=small alloc=system ms=12.5 peak_kib=10 end_kib=4 trim_kib=3 trimmed=1 check=99\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (s.ms, s.peak_kib, s.end_kib, s.trim_kib, s.trimmed, s.check),
+            (12.5, 10, 4, 3, true, 99)
+        );
+        assert!(super::parse_result("RESULT ms=1").is_none());
+    }
+}
