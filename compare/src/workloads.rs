@@ -101,7 +101,7 @@ fn digest(o: &[u8]) -> u64 {
 /// in allocation order or in reverse, so a free list is actually walked.
 fn small(scale: f64) -> u64 {
     const SIZES: [usize; 7] = [8, 16, 32, 64, 128, 256, 512];
-    let n = scaled(6_000_000, scale);
+    let n = scaled(15_000_000, scale);
     let mut sum = 0u64;
     for i in 0..n {
         let size = SIZES[i % SIZES.len()];
@@ -155,7 +155,7 @@ fn churn(scale: f64) -> u64 {
 /// none of them sits at the end of the heap, and Strings grown by small appends. Rewards an
 /// in-place `realloc` and a cheap move between classes.
 fn realloc(scale: f64) -> u64 {
-    let mut rng = Rng::new(0x5EA1_10C);
+    let mut rng = Rng::new(0x05EA_110C);
     let mut sum = 0u64;
 
     // Many small vectors, each grown to 1..=200 elements of u32 (up to ~1 KiB).
@@ -260,7 +260,7 @@ fn collections(scale: f64) -> u64 {
 /// is a remote free, the hardest case for designs built on thread caches.
 fn prodcons(scale: f64) -> u64 {
     const BATCH: usize = 256;
-    let batches = scaled(12_000, scale);
+    let batches = scaled(36_000, scale);
     let (tx, rx) = mpsc::sync_channel::<Vec<Box<[u8]>>>(8);
     let producer = thread::spawn(move || {
         let mut rng = Rng::new(0x9D0C);
@@ -284,7 +284,7 @@ fn prodcons(scale: f64) -> u64 {
 /// thread allocated, while both threads keep allocating.
 fn larson(scale: f64) -> u64 {
     const SLOTS: usize = 10_000;
-    let rounds = scaled(60, scale);
+    let rounds = scaled(180, scale);
     let steps_per_round = 25_000;
     let (to_b, from_a) = mpsc::channel::<Vec<Box<[u8]>>>();
     let (to_a, from_b) = mpsc::channel::<Vec<Box<[u8]>>>();
@@ -315,7 +315,7 @@ fn larson(scale: f64) -> u64 {
 /// little (a map, strings, vectors). A fifth of each thread's objects are handed back and freed
 /// by the main thread after the thread has exited, so caches of dead threads must be handled.
 fn threads(scale: f64) -> u64 {
-    let count = scaled(3_000, scale);
+    let count = scaled(6_000, scale);
     let mut sum = 0u64;
     let mut survivors: Vec<Vec<Box<[u8]>>> = Vec::new();
     for pair in 0..count.div_ceil(2) {
