@@ -6,7 +6,13 @@
 //! `(Ir(n) - Ir(0)) / n` is the instruction cost of one allocation plus one free. Instruction
 //! counts ignore cache misses and contention, so this complements the timings, it does not
 //! replace them.
+//!
+//! The measured loop itself (building a `Vec`, writing a byte, summing) costs instructions that
+//! are the same for every allocator. They are the self cost of the loop function, which
+//! `callgrind_annotate` reports, and are subtracted, so the table shows what the allocator
+//! costs: its `GlobalAlloc` glue, `__rust_alloc`/`__rust_dealloc` and everything below.
 
+use std::path::Path;
 use std::process::Command;
 
 use crate::Options;
@@ -21,14 +27,44 @@ const CASES: [(&str, usize, &str); 4] = [
     ("pair", 4096, "4 KiB pair"),
 ];
 
-/// Total instructions (`Ir`) of one run of `pairs` under callgrind.
+/// Instructions of one run of `pairs` under callgrind.
+struct Count {
+    /// Everything the program executed.
+    total: u64,
+    /// The self cost of the measured loop function; `None` without `callgrind_annotate`.
+    harness: Option<u64>,
+}
+
+/// The self cost of the measured loop function (`pairs::pairs` or `pairs::batches`), read
+/// from `callgrind_annotate`'s per-function listing.
+fn loop_self_cost(out_file: &Path, mode: &str) -> Option<u64> {
+    let function = if mode == "batch" {
+        ":pairs::batches "
+    } else {
+        ":pairs::pairs "
+    };
+    let out = Command::new("callgrind_annotate")
+        .arg("--threshold=100")
+        .arg(out_file)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains(function))?;
+    line.split_whitespace()
+        .next()?
+        .replace(',', "")
+        .parse()
+        .ok()
+}
+
+/// Runs `pairs` under callgrind and counts its instructions.
 fn instructions(
     bins: &Bins,
     alloc: &str,
     mode: &str,
     size: usize,
     n: usize,
-) -> Result<u64, String> {
+) -> Result<Count, String> {
     let out_file = bins
         .dir
         .join(format!("callgrind.out.{alloc}.{mode}.{size}.{n}"));
@@ -50,11 +86,14 @@ fn instructions(
     }
     let text =
         std::fs::read_to_string(&out_file).map_err(|e| format!("{}: {e}", out_file.display()))?;
-    let _ = std::fs::remove_file(&out_file);
-    text.lines()
+    let total = text
+        .lines()
         .find_map(|l| l.strip_prefix("summary:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| format!("no summary line in {}", out_file.display()))
+        .ok_or_else(|| format!("no summary line in {}", out_file.display()))?;
+    let harness = loop_self_cost(&out_file, mode);
+    let _ = std::fs::remove_file(&out_file);
+    Ok(Count { total, harness })
 }
 
 /// Measures every case for every selected allocator, prints the table and writes it.
@@ -65,22 +104,46 @@ pub fn main(opts: &Options, bins: &Bins) -> Result<(), String> {
         h.extend(CASES.iter().map(|c| c.2.to_string()));
         h
     }];
+    // The loop's own cost per case: equal for every allocator, so the first one seen is shown.
+    let mut harness_row: Vec<Option<f64>> = vec![None; CASES.len()];
+    let mut subtracted = true;
     for alloc in &opts.allocators {
         let mut row = vec![alloc.to_string()];
-        for (mode, size, _) in CASES {
+        for (i, (mode, size, _)) in CASES.into_iter().enumerate() {
             let base = instructions(bins, alloc, mode, size, 0)?;
             let full = instructions(bins, alloc, mode, size, n)?;
-            let per = full.saturating_sub(base) as f64 / n as f64;
+            let mut per = full.total.saturating_sub(base.total) as f64 / n as f64;
+            if let (Some(f), Some(b)) = (full.harness, base.harness) {
+                let harness = f.saturating_sub(b) as f64 / n as f64;
+                per -= harness;
+                harness_row[i].get_or_insert(harness);
+            } else {
+                subtracted = false;
+            }
             eprintln!("{alloc:<9} {mode:<5} {size:>5} B: {per:.1} instructions per alloc+free");
             row.push(format!("{per:.1}"));
         }
         rows.push(row);
     }
+    if subtracted {
+        let mut row = vec!["(loop, subtracted)".to_string()];
+        row.extend(
+            harness_row
+                .iter()
+                .map(|h| h.map_or("-".into(), |h| format!("{h:.1}"))),
+        );
+        rows.push(row);
+    }
     let mut text = String::from("# Instructions per alloc+free (callgrind)\n\n");
     text += &format!(
         "tagalloc sources: {}; {n} measured alloc+free per case, minus a run with none; \
-         \"batch of 64\" allocates 64 blocks then frees them in order.\n\n",
-        build::source_version(&bins.root)
+         \"batch of 64\" allocates 64 blocks then frees them in order. {}\n\n",
+        build::source_version(&bins.root),
+        if subtracted {
+            "The measured loop's own instructions (last row, equal for all) are subtracted."
+        } else {
+            "callgrind_annotate was not found, so the loop's own instructions are included."
+        }
     );
     text += &table(&rows);
     print!("{text}");
