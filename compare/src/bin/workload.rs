@@ -3,7 +3,7 @@
 //! Usage: `workload-<alloc> <name> [--scale F]`, or `workload-<alloc> --list`.
 //!
 //! The result line is what the `compare` driver parses:
-//! `RESULT workload=<name> alloc=<alloc> ms=<wall ms> peak_kib=<VmHWM> end_kib=<VmRSS>
+//! `RESULT workload=<name> alloc=<alloc> ms=<wall ms> cpu_ms=<user+sys ms> peak_kib=<VmHWM> end_kib=<VmRSS>
 //! trim_kib=<VmRSS> trimmed=<0|1> check=<checksum>`, where `end_kib` is read after the
 //! workload freed everything and a short sleep, and `trim_kib` after the allocator's trim hook
 //! (if it has one) and another short sleep. The time covers the workload only, not process
@@ -54,9 +54,11 @@ fn main() -> ExitCode {
         eprintln!("warning: {}", allocator::NOTE);
     }
 
+    let cpu_start = rss::cpu_ms();
     let start = Instant::now();
     let check = (workload.run)(scale);
     let elapsed = start.elapsed();
+    let cpu = rss::cpu_ms() - cpu_start;
 
     std::thread::sleep(SETTLE);
     let end = rss::read().unwrap_or_default();
@@ -67,10 +69,11 @@ fn main() -> ExitCode {
     let after_trim = rss::read().unwrap_or_default();
 
     println!(
-        "RESULT workload={} alloc={} ms={:.3} peak_kib={} end_kib={} trim_kib={} trimmed={} check={}",
+        "RESULT workload={} alloc={} ms={:.3} cpu_ms={:.3} peak_kib={} end_kib={} trim_kib={} trimmed={} check={}",
         workload.name,
         allocator::NAME,
         elapsed.as_secs_f64() * 1e3,
+        cpu,
         after_trim.peak_kib,
         end.current_kib,
         after_trim.current_kib,

@@ -63,61 +63,48 @@ fn mib(kib: f64) -> String {
     }
 }
 
-/// The whole report for a run of the workloads.
-pub fn render(opts: &Options, results: &Results, version: &str) -> String {
-    let allocs = &opts.allocators;
-    let get = |w: &'static str, a: &'static str| -> Option<&Vec<Sample>> {
-        results.samples.get(&(w, a)).filter(|s| !s.is_empty())
-    };
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mut out = String::from("# tagalloc vs System vs mimalloc vs jemalloc\n\n");
-    out += &format!(
-        "tagalloc sources: {version}; {cpus} CPUs; {} round(s), interleaved, one process per run; scale {}.\n\n",
-        opts.rounds, opts.scale
-    );
-    for note in &results.notes {
-        out += &format!("**Note — {note}**\n\n");
+/// Formats a duration in ms with three significant digits or so.
+fn ms(m: f64) -> String {
+    if m >= 100.0 {
+        format!("{m:.0}")
+    } else {
+        format!("{m:.1}")
     }
+}
 
-    // Time table.
+/// A table of one time metric: median and spread per allocator, and tagalloc's ratio to the
+/// faster of mimalloc and jemalloc, with the geometric mean of the ratios as the last row.
+fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> String {
+    let allocs = &opts.allocators;
+    let values = |w: &'static str, a: &'static str| -> Option<Vec<f64>> {
+        let s = results.samples.get(&(w, a)).filter(|s| !s.is_empty())?;
+        Some(s.iter().map(metric).collect())
+    };
     let has_ratio = allocs.contains(&"tagalloc")
         && (allocs.contains(&"mimalloc") || allocs.contains(&"jemalloc"));
-    out += "## Wall time (median ms; ± is half the min–max spread as % of the median)\n\n";
-    let mut rows = vec![{
-        let mut h = vec!["workload".to_string()];
-        h.extend(allocs.iter().map(|a| a.to_string()));
-        if has_ratio {
-            h.push("tagalloc ÷ best(mi, je)".into());
-        }
-        h
-    }];
+    let mut header = vec!["workload".to_string()];
+    header.extend(allocs.iter().map(|a| a.to_string()));
+    if has_ratio {
+        header.push("tagalloc ÷ best(mi, je)".into());
+    }
+    let mut rows = vec![header];
     let mut log_ratios = Vec::new();
     for w in &opts.workloads {
+        let med = |a: &'static str| values(w.name, a).map(median);
         let mut row = vec![w.name.to_string()];
-        let med =
-            |a: &'static str| get(w.name, a).map(|s| median(s.iter().map(|s| s.ms).collect()));
         for a in allocs {
-            row.push(match get(w.name, a) {
+            row.push(match values(w.name, a) {
                 None => "FAILED".into(),
-                Some(s) => {
-                    let ms: Vec<f64> = s.iter().map(|s| s.ms).collect();
-                    let m = median(ms.clone());
-                    let lo = ms.iter().copied().fold(f64::INFINITY, f64::min);
-                    let hi = ms.iter().copied().fold(0.0, f64::max);
+                Some(xs) => {
+                    let m = median(xs.clone());
+                    let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+                    let hi = xs.iter().copied().fold(0.0, f64::max);
                     let spread = if m > 0.0 {
                         (hi - lo) / 2.0 / m * 100.0
                     } else {
                         0.0
                     };
-                    format!(
-                        "{} ±{:.0}%",
-                        if m >= 100.0 {
-                            format!("{m:.0}")
-                        } else {
-                            format!("{m:.1}")
-                        },
-                        spread
-                    )
+                    format!("{} ±{spread:.0}%", ms(m))
                 }
             });
         }
@@ -136,17 +123,40 @@ pub fn render(opts: &Options, results: &Results, version: &str) -> String {
         }
         rows.push(row);
     }
-    if has_ratio && !log_ratios.is_empty() {
+    if !log_ratios.is_empty() {
         let mut row = vec!["geometric mean".to_string()];
         row.extend(allocs.iter().map(|_| String::new()));
-        row.push(format!(
-            "{:.2}",
-            (log_ratios.iter().sum::<f64>() / log_ratios.len() as f64).exp()
-        ));
+        let mean = log_ratios.iter().sum::<f64>() / log_ratios.len() as f64;
+        row.push(format!("{:.2}", mean.exp()));
         rows.push(row);
     }
-    out += &table(&rows);
+    table(&rows)
+}
+
+/// The whole report for a run of the workloads.
+pub fn render(opts: &Options, results: &Results, version: &str) -> String {
+    let allocs = &opts.allocators;
+    let get = |w: &'static str, a: &'static str| -> Option<&Vec<Sample>> {
+        results.samples.get(&(w, a)).filter(|s| !s.is_empty())
+    };
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mut out = String::from("# tagalloc vs System vs mimalloc vs jemalloc\n\n");
+    out += &format!(
+        "tagalloc sources: {version}; {cpus} CPUs; {} round(s), interleaved, one process per run; scale {}.\n\n",
+        opts.rounds, opts.scale
+    );
+    for note in &results.notes {
+        out += &format!("**Note — {note}**\n\n");
+    }
+
+    out += "## Wall time (median ms; ± is half the min–max spread as % of the median)\n\n";
+    out += &time_table(opts, results, |s| s.ms);
     out += "\nRatio above 1: tagalloc is slower than the faster of mimalloc and jemalloc.\n\n";
+    out += "## CPU time, user + system, all threads (median ms)\n\n";
+    out += "Less disturbed than wall time when the machine is shared; it includes spinning and \
+            cache contention but not waiting.\n\n";
+    out += &time_table(opts, results, |s| s.cpu_ms);
+    out += "\n";
 
     // Memory table.
     out += "## RSS (median MiB: peak / end / end after trim hook)\n\n";

@@ -11,6 +11,7 @@ use crate::report;
 #[derive(Clone, Debug)]
 pub struct Sample {
     pub ms: f64,
+    pub cpu_ms: f64,
     pub peak_kib: u64,
     pub end_kib: u64,
     pub trim_kib: u64,
@@ -36,6 +37,7 @@ fn parse_result(stdout: &str) -> Option<Sample> {
     };
     Some(Sample {
         ms: field("ms")?.parse().ok()?,
+        cpu_ms: field("cpu_ms")?.parse().ok()?,
         peak_kib: field("peak_kib")?.parse().ok()?,
         end_kib: field("end_kib")?.parse().ok()?,
         trim_kib: field("trim_kib")?.parse().ok()?,
@@ -146,7 +148,7 @@ mod tests {
     #[test]
     fn parses_a_result_line() {
         let s = super::parse_result(
-            "noise\nRESULT workload=small alloc=system ms=12.5 peak_kib=10 end_kib=4 trim_kib=3 trimmed=1 check=99\n",
+            "noise\nRESULT workload=small alloc=system ms=12.5 cpu_ms=20 peak_kib=10 end_kib=4 trim_kib=3 trimmed=1 check=99\n",
         )
         .unwrap();
         assert_eq!(
