@@ -3,4 +3,11 @@
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(feature = "nightly", feature(allocator_api))]
 
+// The hierarchy, bottom to top: the OS layer, the schemas (algorithms), the allocators.
+mod fatal;
 pub mod os;
+pub mod schema;
+mod sync;
+mod system;
+
+pub use system::SystemAllocator;

@@ -1,1 +1,396 @@
 //! The OS layer: the only code that asks the operating system for memory.
+//!
+//! [`OsAllocator`] maps and unmaps page runs with `mmap`/`munmap`, with any power-of-two
+//! alignment (by over-mapping and trimming), gives pages back with `madvise`, and counts what
+//! it holds. Nothing here allocates through the global allocator or panics: a failed map
+//! returns null.
+//!
+//! The schemas above it take any [`PageSource`], so their algorithms can run on plain
+//! memory under Miri, or on a fixed region a program hands them.
+
+use core::ptr;
+use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// Where a schema gets its memory: runs of pages, mapped and unmapped whole.
+///
+/// # Safety
+/// Implementations promise that a non-null pointer returned by [`PageSource::map`] is valid
+/// for reads and writes of `len` bytes, is not part of any other live mapping, satisfies
+/// `(ptr + offset) % align == 0`, reads as zero, and stays valid until the same range is
+/// passed to [`PageSource::unmap`].
+pub unsafe trait PageSource: Sync {
+    /// The size that `len` and `offset` are multiples of, and the minimum alignment of maps.
+    fn granularity(&self) -> usize;
+
+    /// Maps `len` zeroed bytes at an address `p` with `(p + offset) % align == 0`, or returns
+    /// null. `len` and `offset` are multiples of [`granularity`](PageSource::granularity);
+    /// `align` is a power of two.
+    fn map(&self, len: usize, align: usize, offset: usize) -> *mut u8;
+
+    /// Returns a whole mapping to its source.
+    ///
+    /// # Safety
+    /// `ptr` and `len` must be exactly a live mapping returned by [`PageSource::map`] (or
+    /// [`PageSource::remap`]), and nothing may use that memory afterwards.
+    unsafe fn unmap(&self, ptr: *mut u8, len: usize);
+
+    /// Tells the source that the contents of `[ptr, ptr + len)` are no longer needed, so it
+    /// may reclaim the physical pages. Returns `true` if the range now reads as zero.
+    ///
+    /// # Safety
+    /// The range must lie inside one live mapping, be granularity-aligned, and hold no data
+    /// anyone still needs.
+    unsafe fn purge(&self, ptr: *mut u8, len: usize) -> bool;
+
+    /// Resizes a mapping, moving it if needed, keeping its contents (Linux `mremap`). Returns
+    /// null if unsupported or failed, in which case the old mapping is untouched. The result
+    /// is only granularity-aligned.
+    ///
+    /// # Safety
+    /// `ptr`/`old_len` must be a live mapping from this source; on success the old range must
+    /// not be used again.
+    unsafe fn remap(&self, ptr: *mut u8, old_len: usize, new_len: usize) -> *mut u8 {
+        let _ = (ptr, old_len, new_len);
+        ptr::null_mut()
+    }
+}
+
+/// Counters of everything the OS layer has done, read with [`OsAllocator::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OsStats {
+    /// Bytes currently mapped through the OS layer.
+    pub mapped_bytes: usize,
+    /// The most bytes ever mapped at once.
+    pub peak_mapped_bytes: usize,
+    /// Successful map calls.
+    pub map_calls: usize,
+    /// Unmap calls.
+    pub unmap_calls: usize,
+    /// Maps that failed (the OS refused, or a failure was injected).
+    pub failed_maps: usize,
+    /// Purge (`madvise`) calls.
+    pub purge_calls: usize,
+    /// Bytes handed back to the OS by purges, summed over all calls.
+    pub purged_bytes: usize,
+}
+
+static MAPPED: AtomicUsize = AtomicUsize::new(0);
+static PEAK_MAPPED: AtomicUsize = AtomicUsize::new(0);
+static MAP_CALLS: AtomicUsize = AtomicUsize::new(0);
+static UNMAP_CALLS: AtomicUsize = AtomicUsize::new(0);
+static FAILED_MAPS: AtomicUsize = AtomicUsize::new(0);
+static PURGE_CALLS: AtomicUsize = AtomicUsize::new(0);
+static PURGED_BYTES: AtomicUsize = AtomicUsize::new(0);
+static INJECTED_FAILURES: AtomicUsize = AtomicUsize::new(0);
+static PAGE_SIZE: AtomicUsize = AtomicUsize::new(0);
+
+/// The operating system's pages: `mmap`, `munmap`, `madvise`, `mremap`.
+///
+/// A unit type: every instance shares the process-wide counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsAllocator;
+
+impl OsAllocator {
+    /// The OS page size (read once with `sysconf`, which does not allocate).
+    #[inline]
+    pub fn page_size() -> usize {
+        let cached = PAGE_SIZE.load(Relaxed);
+        if cached != 0 {
+            return cached;
+        }
+        // SAFETY: sysconf has no preconditions.
+        let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let size = if size > 0 { size as usize } else { 4096 };
+        PAGE_SIZE.store(size, Relaxed);
+        size
+    }
+
+    /// A snapshot of the OS layer's counters.
+    pub fn stats() -> OsStats {
+        OsStats {
+            mapped_bytes: MAPPED.load(Relaxed),
+            peak_mapped_bytes: PEAK_MAPPED.load(Relaxed),
+            map_calls: MAP_CALLS.load(Relaxed),
+            unmap_calls: UNMAP_CALLS.load(Relaxed),
+            failed_maps: FAILED_MAPS.load(Relaxed),
+            purge_calls: PURGE_CALLS.load(Relaxed),
+            purged_bytes: PURGED_BYTES.load(Relaxed),
+        }
+    }
+
+    /// Makes the next `count` map requests fail as if the OS had refused them.
+    ///
+    /// For tests of out-of-memory handling: everything above the OS layer must turn the
+    /// failure into a null pointer or an error, never a crash.
+    pub fn inject_map_failures(count: usize) {
+        INJECTED_FAILURES.store(count, Relaxed);
+    }
+
+    /// The resident set size of this process in bytes, read from `/proc/self/statm`
+    /// without allocating. `None` where that file does not exist.
+    pub fn process_resident_bytes() -> Option<usize> {
+        let mut buf = [0u8; 128];
+        // SAFETY: the path is NUL-terminated; `buf` is writable for its length; the fd is
+        // closed before returning.
+        let n = unsafe {
+            let fd = libc::open(
+                c"/proc/self/statm".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return None;
+            }
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            libc::close(fd);
+            n
+        };
+        if n <= 0 {
+            return None;
+        }
+        // Second field: resident pages.
+        let text = &buf[..n as usize];
+        let mut fields = text.split(|b| *b == b' ');
+        fields.next()?;
+        let resident = fields.next()?;
+        let mut pages = 0usize;
+        for &digit in resident {
+            if !digit.is_ascii_digit() {
+                return None;
+            }
+            pages = pages
+                .checked_mul(10)?
+                .checked_add((digit - b'0') as usize)?;
+        }
+        pages.checked_mul(Self::page_size())
+    }
+
+    fn take_injected_failure() -> bool {
+        let mut left = INJECTED_FAILURES.load(Relaxed);
+        while left > 0 {
+            match INJECTED_FAILURES.compare_exchange_weak(left, left - 1, Relaxed, Relaxed) {
+                Ok(_) => return true,
+                Err(now) => left = now,
+            }
+        }
+        false
+    }
+
+    fn note_mapped(len: usize) {
+        MAP_CALLS.fetch_add(1, Relaxed);
+        let now = MAPPED.fetch_add(len, Relaxed) + len;
+        PEAK_MAPPED.fetch_max(now, Relaxed);
+    }
+
+    fn raw_map(len: usize) -> *mut u8 {
+        // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            ptr::null_mut()
+        } else {
+            p.cast()
+        }
+    }
+
+    fn raw_unmap(ptr: *mut u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        // SAFETY: callers pass page-aligned ranges inside mappings this layer made.
+        let rc = unsafe { libc::munmap(ptr.cast(), len) };
+        debug_assert_eq!(rc, 0, "munmap failed");
+    }
+}
+
+// SAFETY: `map` returns fresh anonymous mappings (zeroed, unaliased) placed as asked, and
+// only `unmap` releases them.
+unsafe impl PageSource for OsAllocator {
+    #[inline]
+    fn granularity(&self) -> usize {
+        Self::page_size()
+    }
+
+    fn map(&self, len: usize, align: usize, offset: usize) -> *mut u8 {
+        let page = Self::page_size();
+        debug_assert!(align.is_power_of_two());
+        debug_assert!(len % page == 0 && offset % page == 0);
+        if len == 0 || Self::take_injected_failure() {
+            FAILED_MAPS.fetch_add(1, Relaxed);
+            return ptr::null_mut();
+        }
+        if align <= page {
+            let p = Self::raw_map(len);
+            if p.is_null() {
+                FAILED_MAPS.fetch_add(1, Relaxed);
+            } else {
+                Self::note_mapped(len);
+            }
+            return p;
+        }
+        // Over-map by `align` and trim both ends so that `p + offset` lands on `align`.
+        let Some(over) = len.checked_add(align) else {
+            FAILED_MAPS.fetch_add(1, Relaxed);
+            return ptr::null_mut();
+        };
+        let base = Self::raw_map(over);
+        if base.is_null() {
+            FAILED_MAPS.fetch_add(1, Relaxed);
+            return base;
+        }
+        let base_addr = base as usize;
+        let target = (base_addr + offset).next_multiple_of(align);
+        let start = target - offset;
+        let start = if start < base_addr {
+            start + align
+        } else {
+            start
+        };
+        let head = start - base_addr;
+        // SAFETY: `head <= align`, so `start` and the tail lie inside the `over` mapping.
+        let p = unsafe { base.add(head) };
+        Self::raw_unmap(base, head);
+        // SAFETY: `head + len <= over`.
+        Self::raw_unmap(unsafe { p.add(len) }, over - head - len);
+        Self::note_mapped(len);
+        p
+    }
+
+    unsafe fn unmap(&self, ptr: *mut u8, len: usize) {
+        Self::raw_unmap(ptr, len);
+        UNMAP_CALLS.fetch_add(1, Relaxed);
+        MAPPED.fetch_sub(len, Relaxed);
+    }
+
+    unsafe fn purge(&self, ptr: *mut u8, len: usize) -> bool {
+        if len == 0 {
+            return true;
+        }
+        // SAFETY: the caller passes a page-aligned range inside a live private anonymous
+        // mapping; MADV_DONTNEED makes it read back as zero on next touch.
+        let rc = unsafe { libc::madvise(ptr.cast(), len, libc::MADV_DONTNEED) };
+        PURGE_CALLS.fetch_add(1, Relaxed);
+        if rc == 0 {
+            PURGED_BYTES.fetch_add(len, Relaxed);
+        }
+        rc == 0
+    }
+
+    #[cfg(target_os = "linux")]
+    unsafe fn remap(&self, ptr: *mut u8, old_len: usize, new_len: usize) -> *mut u8 {
+        // SAFETY: the caller passes a live mapping of this layer; MREMAP_MAYMOVE keeps the
+        // old mapping intact on failure.
+        let p = unsafe { libc::mremap(ptr.cast(), old_len, new_len, libc::MREMAP_MAYMOVE) };
+        if p == libc::MAP_FAILED {
+            return ptr::null_mut();
+        }
+        if new_len >= old_len {
+            let grown = new_len - old_len;
+            let now = MAPPED.fetch_add(grown, Relaxed) + grown;
+            PEAK_MAPPED.fetch_max(now, Relaxed);
+        } else {
+            MAPPED.fetch_sub(old_len - new_len, Relaxed);
+        }
+        p.cast()
+    }
+}
+
+/// A page source over ordinary heap memory, for running the schemas under Miri.
+#[cfg(test)]
+pub(crate) mod heap_source {
+    use super::PageSource;
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::Mutex;
+
+    struct Mapping {
+        start: usize,
+        len: usize,
+        base: *mut u8,
+        layout: Layout,
+    }
+    // SAFETY: a `Mapping` only records where a System block lives; it is freed once, under
+    // the mutex.
+    unsafe impl Send for Mapping {}
+
+    /// Hands out `System` allocations as if they were page mappings; remembers each one so
+    /// `unmap` can free it and tests can see what is still mapped.
+    #[derive(Default)]
+    pub(crate) struct HeapPages {
+        live: Mutex<Vec<Mapping>>,
+    }
+
+    impl HeapPages {
+        pub(crate) const GRANULE: usize = 4096;
+
+        /// Bytes currently mapped (the `len`s asked for).
+        pub(crate) fn mapped_bytes(&self) -> usize {
+            self.live.lock().unwrap().iter().map(|m| m.len).sum()
+        }
+    }
+
+    impl Drop for HeapPages {
+        fn drop(&mut self) {
+            for m in self.live.get_mut().unwrap().drain(..) {
+                // SAFETY: each block was allocated with this layout and not freed yet.
+                unsafe { System.dealloc(m.base, m.layout) };
+            }
+        }
+    }
+
+    // SAFETY: each map is a fresh zeroed System allocation, placed as asked inside a larger
+    // block, and freed only by `unmap` or drop.
+    unsafe impl PageSource for HeapPages {
+        fn granularity(&self) -> usize {
+            Self::GRANULE
+        }
+
+        fn map(&self, len: usize, align: usize, offset: usize) -> *mut u8 {
+            let align = align.max(Self::GRANULE);
+            let Some(size) = len.checked_add(align) else {
+                return core::ptr::null_mut();
+            };
+            let Ok(layout) = Layout::from_size_align(size, align) else {
+                return core::ptr::null_mut();
+            };
+            // SAFETY: the layout has a non-zero size.
+            let base = unsafe { System.alloc_zeroed(layout) };
+            if base.is_null() {
+                return base;
+            }
+            let shift = (align - offset % align) % align;
+            // SAFETY: `shift < align`, so `[p, p + len)` lies inside the block.
+            let p = unsafe { base.add(shift) };
+            self.live.lock().unwrap().push(Mapping {
+                start: p.addr(),
+                len,
+                base,
+                layout,
+            });
+            p
+        }
+
+        unsafe fn unmap(&self, ptr: *mut u8, len: usize) {
+            let mut live = self.live.lock().unwrap();
+            let i = live
+                .iter()
+                .position(|m| m.start == ptr.addr() && m.len == len)
+                .expect("unmap of a range that is not a live mapping");
+            let m = live.swap_remove(i);
+            // SAFETY: the block was allocated with this layout and is freed once.
+            unsafe { System.dealloc(m.base, m.layout) };
+        }
+
+        unsafe fn purge(&self, ptr: *mut u8, len: usize) -> bool {
+            // SAFETY: the caller passes a range inside a live mapping.
+            unsafe { ptr.write_bytes(0, len) };
+            true
+        }
+    }
+}

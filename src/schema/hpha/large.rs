@@ -1,0 +1,795 @@
+//! Large blocks: chunks of address-ordered blocks with a red-black tree of the free ones.
+//!
+//! Every block has a 16-byte header just before its payload: a pointer to the previous block
+//! of its chunk and its payload size with flags in the low bits. The next block is found by
+//! adding the size, so the blocks of a chunk form a list in address order without footers.
+//! A chunk starts with a used block of size 0 and ends with a used "fence" of size 0, so
+//! neighbour checks need no bounds tests.
+//!
+//! Free blocks sit in a [`FreeTree`] keyed by (size, address). Allocation takes the best fit,
+//! splits off the front if the block must be aligned, and splits off the tail when the rest is
+//! big enough to hold a free block. A free coalesces at once with both neighbours, so no two
+//! free blocks are ever adjacent.
+//!
+//! Requests of [`DIRECT_THRESHOLD`] bytes or more, or aligned beyond [`MAX_TREE_ALIGN`], get a
+//! mapping of their own ("direct" blocks), which is unmapped when they are freed and grown
+//! with `mremap` when reallocated.
+
+use super::tree::{FreeTree, NODE_SIZE, Node};
+use crate::fatal::fatal;
+use crate::os::PageSource;
+use crate::sync::SpinLock;
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+/// Size of a block header.
+const HDR: usize = 16;
+const USED: usize = 1;
+/// The payload, except its first `MIN_PAYLOAD` bytes (where a free block keeps its tree
+/// node), reads as zero. Only meaningful on free blocks.
+const CLEAN: usize = 2;
+/// The block has a mapping of its own.
+const DIRECT: usize = 4;
+const FLAGS: usize = 15;
+
+/// Smallest payload of a large block: room for a tree node.
+pub(crate) const MIN_PAYLOAD: usize = NODE_SIZE;
+/// Smallest remainder worth splitting off as a free block.
+const MIN_SPLIT: usize = HDR + MIN_PAYLOAD;
+/// Size of the chunks mapped for the tree.
+pub const CHUNK_SIZE: usize = 4 * 1024 * 1024;
+/// Payloads of at least this size get a mapping of their own.
+pub const DIRECT_THRESHOLD: usize = 16 * 1024 * 1024;
+/// Alignments above this get a mapping of their own.
+pub const MAX_TREE_ALIGN: usize = 64 * 1024;
+/// Empty chunks kept mapped to avoid map/unmap churn; more are unmapped at once.
+const MAX_EMPTY_CHUNKS: usize = 1;
+/// Free blocks at least this large have their pages returned by `garbage_collect`.
+const PURGE_MIN: usize = 64 * 1024;
+/// Candidates examined in size order before an aligned request falls back to a block that
+/// surely fits.
+const ALIGNED_SCAN: usize = 16;
+
+#[repr(C)]
+struct Block {
+    prev: *mut Block,
+    size_flags: usize,
+}
+
+#[repr(C)]
+struct ChunkHeader {
+    next: *mut ChunkHeader,
+    prev: *mut ChunkHeader,
+    len: usize,
+    _reserved: usize,
+}
+const CHUNK_HDR: usize = core::mem::size_of::<ChunkHeader>();
+/// Offset of the first real block header in a chunk (after the chunk header and the dummy).
+const FIRST_BLOCK: usize = CHUNK_HDR + HDR;
+/// Bytes of a chunk that are not payload of its first block.
+const CHUNK_OVERHEAD: usize = FIRST_BLOCK + HDR + HDR;
+
+/// Written just before the block header of a direct block.
+#[repr(C)]
+struct DirectHeader {
+    map_start: *mut u8,
+    map_len: usize,
+}
+const DIRECT_HDR: usize = core::mem::size_of::<DirectHeader>() + HDR;
+
+// Block accessors. Each requires a valid block header.
+#[inline]
+unsafe fn size(b: *mut Block) -> usize {
+    // SAFETY: caller passes a valid header.
+    unsafe { (*b).size_flags & !FLAGS }
+}
+#[inline]
+unsafe fn flags(b: *mut Block) -> usize {
+    // SAFETY: caller passes a valid header.
+    unsafe { (*b).size_flags & FLAGS }
+}
+#[inline]
+unsafe fn is_used(b: *mut Block) -> bool {
+    // SAFETY: caller passes a valid header.
+    unsafe { flags(b) & USED != 0 }
+}
+#[inline]
+unsafe fn payload(b: *mut Block) -> *mut u8 {
+    // SAFETY: the payload follows the header inside the same mapping.
+    unsafe { b.cast::<u8>().add(HDR) }
+}
+#[inline]
+unsafe fn next(b: *mut Block) -> *mut Block {
+    // SAFETY: the next header follows the payload; the fence ends every chunk.
+    unsafe { payload(b).add(size(b)).cast() }
+}
+#[inline]
+fn block_of(ptr: *mut u8) -> *mut Block {
+    ptr.wrapping_sub(HDR).cast()
+}
+#[inline]
+unsafe fn node(b: *mut Block) -> *mut Node {
+    // SAFETY: a free block's payload holds its node.
+    unsafe { payload(b).cast() }
+}
+#[inline]
+fn block_of_node(n: *mut Node) -> *mut Block {
+    n.cast::<u8>().wrapping_sub(HDR).cast()
+}
+/// Whether a free block is the only block of its chunk.
+#[inline]
+unsafe fn spans_chunk(b: *mut Block) -> bool {
+    // SAFETY: the dummy and the fence are valid headers of size 0 around every chunk.
+    unsafe { size((*b).prev) == 0 && size(next(b)) == 0 }
+}
+
+/// A block handed out by the large heap.
+pub(crate) struct LargeGrant {
+    pub ptr: *mut u8,
+    pub size: usize,
+    /// How many leading bytes may be non-zero (the rest of the block reads as zero).
+    pub dirty_prefix: usize,
+}
+
+struct LargeState {
+    tree: FreeTree,
+    chunks: *mut ChunkHeader,
+    chunk_count: usize,
+    chunk_bytes: usize,
+    empty_chunks: usize,
+    free_bytes: usize,
+    live_blocks: usize,
+    granted_bytes: usize,
+    allocations: u64,
+    frees: u64,
+}
+
+// SAFETY: pointers into chunks owned by the heap; the lock around the state serialises use.
+unsafe impl Send for LargeState {}
+
+/// Counters of the large side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LargeStats {
+    pub granted_bytes: usize,
+    pub live_blocks: usize,
+    pub allocations: u64,
+    pub frees: u64,
+    pub chunks: usize,
+    pub chunk_bytes: usize,
+    pub free_blocks: usize,
+    pub free_bytes: usize,
+    pub largest_free: usize,
+    pub direct_blocks: usize,
+    pub direct_granted_bytes: usize,
+    pub direct_mapped_bytes: usize,
+}
+
+impl LargeState {
+    const fn new() -> Self {
+        Self {
+            tree: FreeTree::new(),
+            chunks: null_mut(),
+            chunk_count: 0,
+            chunk_bytes: 0,
+            empty_chunks: 0,
+            free_bytes: 0,
+            live_blocks: 0,
+            granted_bytes: 0,
+            allocations: 0,
+            frees: 0,
+        }
+    }
+
+    unsafe fn insert_free(&mut self, b: *mut Block) {
+        // SAFETY: `b` is a free block with room for a node (size >= MIN_PAYLOAD).
+        unsafe {
+            self.free_bytes += size(b);
+            self.tree.insert(node(b), size(b));
+        }
+    }
+
+    unsafe fn remove_free(&mut self, b: *mut Block) {
+        // SAFETY: `b` is a free block in the tree.
+        unsafe {
+            self.free_bytes -= size(b);
+            self.tree.remove(node(b));
+        }
+    }
+
+    /// The gap before the aligned payload if `b` can hold `payload` bytes at `align`.
+    unsafe fn fit_gap(b: *mut Block, payload: usize, align: usize) -> Option<usize> {
+        // SAFETY: `b` is a valid free block.
+        let (start, avail) = unsafe { (payload_addr(b), size(b)) };
+        let mut gap = start.next_multiple_of(align) - start;
+        if gap != 0 && gap < MIN_SPLIT {
+            gap = (start + MIN_SPLIT).next_multiple_of(align) - start;
+        }
+        (gap.checked_add(payload)? <= avail).then_some(gap)
+    }
+
+    /// A free block that can hold `payload` at `align`, or null.
+    fn find_fit(&self, payload: usize, align: usize) -> *mut Block {
+        let mut n = self.tree.lower_bound(payload);
+        if align <= HDR || n.is_null() {
+            return if n.is_null() {
+                null_mut()
+            } else {
+                block_of_node(n)
+            };
+        }
+        // SAFETY: nodes returned by the tree are in it, inside free blocks.
+        unsafe {
+            for _ in 0..ALIGNED_SCAN {
+                if n.is_null() {
+                    break;
+                }
+                if Self::fit_gap(block_of_node(n), payload, align).is_some() {
+                    return block_of_node(n);
+                }
+                n = FreeTree::successor(n);
+            }
+            let Some(surely) = payload
+                .checked_add(align)
+                .and_then(|s| s.checked_add(MIN_SPLIT))
+            else {
+                return null_mut();
+            };
+            let n = self.tree.lower_bound(surely);
+            if n.is_null() {
+                null_mut()
+            } else {
+                block_of_node(n)
+            }
+        }
+    }
+
+    /// Maps a chunk big enough for `payload` at `align` and adds its block to the tree.
+    fn grow(&mut self, payload: usize, align: usize, source: &impl PageSource) -> bool {
+        let granule = source.granularity();
+        let Some(need) = payload
+            .checked_add(align)
+            .and_then(|n| n.checked_add(MIN_SPLIT + CHUNK_OVERHEAD))
+            .and_then(|n| n.checked_next_multiple_of(granule))
+        else {
+            return false;
+        };
+        let len = need.max(CHUNK_SIZE);
+        let base = source.map(len, granule, 0);
+        if base.is_null() {
+            return false;
+        }
+        // SAFETY: `base` is a fresh zeroed mapping of `len` bytes; all headers written lie
+        // inside it.
+        unsafe {
+            let chunk: *mut ChunkHeader = base.cast();
+            (*chunk).len = len;
+            (*chunk).next = self.chunks;
+            if !self.chunks.is_null() {
+                (*self.chunks).prev = chunk;
+            }
+            self.chunks = chunk;
+            let dummy: *mut Block = base.add(CHUNK_HDR).cast();
+            (*dummy).size_flags = USED;
+            let first: *mut Block = base.add(FIRST_BLOCK).cast();
+            (*first).prev = dummy;
+            (*first).size_flags = (len - CHUNK_OVERHEAD) | CLEAN;
+            let fence = next(first);
+            (*fence).prev = first;
+            (*fence).size_flags = USED;
+            self.chunk_count += 1;
+            self.chunk_bytes += len;
+            self.empty_chunks += 1;
+            self.insert_free(first);
+        }
+        true
+    }
+
+    /// Carves `payload` bytes at `align` out of the free block `b`.
+    unsafe fn take(&mut self, mut b: *mut Block, want: usize, align: usize) -> LargeGrant {
+        // SAFETY: `b` is a free block in the tree that fits (checked by `find_fit`); every
+        // header written lies inside `b`.
+        unsafe {
+            self.remove_free(b);
+            if spans_chunk(b) {
+                self.empty_chunks -= 1;
+            }
+            let gap = Self::fit_gap(b, want, align).unwrap_or(0);
+            let clean = flags(b) & CLEAN != 0;
+            if gap > 0 {
+                let total = size(b);
+                (*b).size_flags = (gap - HDR) | flags(b);
+                let aligned: *mut Block = payload(b).add(gap - HDR).cast();
+                (*aligned).prev = b;
+                (*aligned).size_flags = total - gap;
+                (*next(aligned)).prev = aligned;
+                self.insert_free(b);
+                b = aligned;
+            }
+            let rest = size(b) - want;
+            if rest >= MIN_SPLIT {
+                let tail: *mut Block = payload(b).add(want).cast();
+                (*tail).prev = b;
+                (*tail).size_flags = (rest - HDR) | if clean { CLEAN } else { 0 };
+                (*next(tail)).prev = tail;
+                (*b).size_flags = want;
+                self.insert_free(tail);
+            }
+            (*b).size_flags = size(b) | USED;
+            self.live_blocks += 1;
+            self.granted_bytes += size(b);
+            self.allocations += 1;
+            let dirty_prefix = match (clean, gap > 0) {
+                (false, _) => size(b),
+                (true, false) => MIN_PAYLOAD,
+                (true, true) => 0,
+            };
+            LargeGrant {
+                ptr: payload(b),
+                size: size(b),
+                dirty_prefix,
+            }
+        }
+    }
+
+    /// Cuts the used block `b` down to `keep` bytes, freeing the tail if it is big enough.
+    unsafe fn trim(&mut self, b: *mut Block, keep: usize) {
+        // SAFETY: `b` is a used block with size >= keep; headers written lie inside it.
+        unsafe {
+            let rest = size(b) - keep;
+            if rest < MIN_SPLIT {
+                return;
+            }
+            let tail: *mut Block = payload(b).add(keep).cast();
+            (*tail).prev = b;
+            (*tail).size_flags = rest - HDR;
+            (*next(tail)).prev = tail;
+            (*b).size_flags = keep | USED;
+            self.granted_bytes -= rest;
+            let after = next(tail);
+            if !is_used(after) {
+                self.remove_free(after);
+                (*tail).size_flags = size(tail) + HDR + size(after);
+                (*next(tail)).prev = tail;
+            }
+            self.insert_free(tail);
+        }
+    }
+
+    /// Unlinks the chunk whose only block is the free block `b` and returns its mapping.
+    unsafe fn unlink_chunk(&mut self, b: *mut Block) -> (*mut u8, usize) {
+        // SAFETY: `b` spans its chunk, so the chunk header sits before the dummy.
+        unsafe {
+            let chunk: *mut ChunkHeader = (*b).prev.cast::<u8>().sub(CHUNK_HDR).cast();
+            let (prev, next) = ((*chunk).prev, (*chunk).next);
+            if prev.is_null() {
+                self.chunks = next;
+            } else {
+                (*prev).next = next;
+            }
+            if !next.is_null() {
+                (*next).prev = prev;
+            }
+            self.chunk_count -= 1;
+            self.chunk_bytes -= (*chunk).len;
+            (chunk.cast(), (*chunk).len)
+        }
+    }
+}
+
+#[inline]
+unsafe fn payload_addr(b: *mut Block) -> usize {
+    // SAFETY: forwarded.
+    unsafe { payload(b) }.addr()
+}
+
+/// The large-block heap: the chunk tree under one lock, plus counters of direct blocks.
+pub(crate) struct LargeHeap {
+    state: SpinLock<LargeState>,
+    direct_blocks: AtomicUsize,
+    direct_granted: AtomicUsize,
+    direct_mapped: AtomicUsize,
+    direct_allocations: AtomicU64,
+    direct_frees: AtomicU64,
+}
+
+impl LargeHeap {
+    pub(crate) const fn new() -> Self {
+        Self {
+            state: SpinLock::new(LargeState::new()),
+            direct_blocks: AtomicUsize::new(0),
+            direct_granted: AtomicUsize::new(0),
+            direct_mapped: AtomicUsize::new(0),
+            direct_allocations: AtomicU64::new(0),
+            direct_frees: AtomicU64::new(0),
+        }
+    }
+
+    /// The payload size used for a request of `size` bytes (None on overflow).
+    #[inline]
+    fn payload_for(size: usize) -> Option<usize> {
+        size.max(MIN_PAYLOAD).checked_next_multiple_of(HDR)
+    }
+
+    /// Allocates a large block; `None` when out of memory or the request cannot be met.
+    pub(crate) fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        source: &impl PageSource,
+    ) -> Option<LargeGrant> {
+        let payload = Self::payload_for(size)?;
+        if payload >= DIRECT_THRESHOLD || align > MAX_TREE_ALIGN {
+            return self.allocate_direct(payload, align, source);
+        }
+        let mut st = self.state.lock();
+        let mut b = st.find_fit(payload, align);
+        if b.is_null() {
+            if !st.grow(payload, align, source) {
+                return None;
+            }
+            b = st.find_fit(payload, align);
+            debug_assert!(!b.is_null());
+        }
+        // SAFETY: `b` is a free block in the tree that fits the request.
+        Some(unsafe { st.take(b, payload, align) })
+    }
+
+    fn direct_layout(payload: usize, align: usize, granule: usize) -> Option<(usize, usize)> {
+        let header_space = if align <= granule {
+            DIRECT_HDR.max(align)
+        } else {
+            granule
+        };
+        let len = header_space
+            .checked_add(payload)?
+            .checked_next_multiple_of(granule)?;
+        Some((header_space, len))
+    }
+
+    fn allocate_direct(
+        &self,
+        payload: usize,
+        align: usize,
+        source: &impl PageSource,
+    ) -> Option<LargeGrant> {
+        let granule = source.granularity();
+        let (header_space, len) = Self::direct_layout(payload, align, granule)?;
+        let base = if align <= granule {
+            source.map(len, granule, 0)
+        } else {
+            source.map(len, align, header_space)
+        };
+        if base.is_null() {
+            return None;
+        }
+        // SAFETY: `base` is a fresh mapping of `len` bytes; the headers lie before the payload
+        // inside it.
+        unsafe { Some(self.format_direct(base, len, header_space)) }
+    }
+
+    unsafe fn format_direct(&self, base: *mut u8, len: usize, header_space: usize) -> LargeGrant {
+        // SAFETY: the caller passes a mapping of `len` bytes with room for the headers.
+        unsafe {
+            let ptr = base.add(header_space);
+            let capacity = len - header_space;
+            let dh: *mut DirectHeader = ptr.sub(DIRECT_HDR).cast();
+            (*dh).map_start = base;
+            (*dh).map_len = len;
+            let b = block_of(ptr);
+            (*b).prev = null_mut();
+            (*b).size_flags = capacity | USED | DIRECT;
+            self.direct_blocks.fetch_add(1, Relaxed);
+            self.direct_granted.fetch_add(capacity, Relaxed);
+            self.direct_mapped.fetch_add(len, Relaxed);
+            self.direct_allocations.fetch_add(1, Relaxed);
+            LargeGrant {
+                ptr,
+                size: capacity,
+                dirty_prefix: 0,
+            }
+        }
+    }
+
+    /// The usable size of a live large block.
+    ///
+    /// # Safety
+    /// `ptr` must be a live block of this heap.
+    pub(crate) unsafe fn usable_size(ptr: *mut u8) -> usize {
+        // SAFETY: a live block has a valid header before it.
+        unsafe { size(block_of(ptr)) }
+    }
+
+    /// Frees a large block.
+    ///
+    /// # Safety
+    /// `ptr` must be a live block returned by this heap.
+    pub(crate) unsafe fn free(&self, ptr: *mut u8, source: &impl PageSource) {
+        let mut b = block_of(ptr);
+        // SAFETY: for a valid `ptr` the header is valid; misuse that corrupts it is reported
+        // where the flags or links make it visible.
+        unsafe {
+            let f = flags(b);
+            if f & USED == 0 {
+                fatal!(
+                    "double free of {:p} (a large block that is already free)",
+                    ptr
+                );
+            }
+            if f & DIRECT != 0 {
+                return self.free_direct(b, source);
+            }
+            let mut st = self.state.lock();
+            if (*next(b)).prev != b || next((*b).prev) != b {
+                drop(st);
+                fatal!(
+                    "free of {:p}: not the start of a live large block (heap links do not match)",
+                    ptr
+                );
+            }
+            st.live_blocks -= 1;
+            st.granted_bytes -= size(b);
+            st.frees += 1;
+            (*b).size_flags = size(b);
+            let n = next(b);
+            if !is_used(n) {
+                st.remove_free(n);
+                (*b).size_flags = size(b) + HDR + size(n);
+                (*next(b)).prev = b;
+            }
+            let p = (*b).prev;
+            if !is_used(p) {
+                st.remove_free(p);
+                (*p).size_flags = size(p) + HDR + size(b);
+                (*next(p)).prev = p;
+                b = p;
+            }
+            if spans_chunk(b) {
+                if st.empty_chunks >= MAX_EMPTY_CHUNKS {
+                    let (base, len) = st.unlink_chunk(b);
+                    drop(st);
+                    source.unmap(base, len);
+                    return;
+                }
+                st.empty_chunks += 1;
+            }
+            st.insert_free(b);
+        }
+    }
+
+    unsafe fn free_direct(&self, b: *mut Block, source: &impl PageSource) {
+        // SAFETY: `b` is the header of a live direct block; its mapping is described by the
+        // direct header before it.
+        unsafe {
+            let dh: *mut DirectHeader = payload(b).sub(DIRECT_HDR).cast();
+            let (start, len) = ((*dh).map_start, (*dh).map_len);
+            self.direct_blocks.fetch_sub(1, Relaxed);
+            self.direct_granted.fetch_sub(size(b), Relaxed);
+            self.direct_mapped.fetch_sub(len, Relaxed);
+            self.direct_frees.fetch_add(1, Relaxed);
+            source.unmap(start, len);
+        }
+    }
+
+    /// Resizes a large block without moving it if possible (or with `mremap` for a direct
+    /// block). Returns the new pointer and size, or `None` if the caller must move it.
+    ///
+    /// # Safety
+    /// `ptr` must be a live block of this heap allocated with `align`.
+    pub(crate) unsafe fn resize(
+        &self,
+        ptr: *mut u8,
+        new_size: usize,
+        align: usize,
+        source: &impl PageSource,
+    ) -> Option<(*mut u8, usize)> {
+        let new_payload = Self::payload_for(new_size)?;
+        let b = block_of(ptr);
+        // SAFETY: `ptr` is live, so its header is valid; the lock guards tree blocks.
+        unsafe {
+            if flags(b) & DIRECT != 0 {
+                return self.resize_direct(b, new_payload, align, source);
+            }
+            if new_payload >= DIRECT_THRESHOLD {
+                return None;
+            }
+            let mut st = self.state.lock();
+            let old = size(b);
+            if new_payload <= old {
+                st.trim(b, new_payload);
+                return Some((ptr, size(b)));
+            }
+            let n = next(b);
+            if !is_used(n) && old + HDR + size(n) >= new_payload {
+                st.remove_free(n);
+                let merged = old + HDR + size(n);
+                (*b).size_flags = merged | USED;
+                (*next(b)).prev = b;
+                st.granted_bytes += merged - old;
+                st.trim(b, new_payload);
+                return Some((ptr, size(b)));
+            }
+            None
+        }
+    }
+
+    unsafe fn resize_direct(
+        &self,
+        b: *mut Block,
+        new_payload: usize,
+        align: usize,
+        source: &impl PageSource,
+    ) -> Option<(*mut u8, usize)> {
+        // SAFETY: `b` is a live direct block; its headers describe its mapping.
+        unsafe {
+            let capacity = size(b);
+            if new_payload <= capacity && new_payload > capacity / 2 {
+                return Some((payload(b), capacity));
+            }
+            let granule = source.granularity();
+            if align > granule {
+                return None;
+            }
+            let dh: *mut DirectHeader = payload(b).sub(DIRECT_HDR).cast();
+            let (start, old_len) = ((*dh).map_start, (*dh).map_len);
+            let header_space = payload(b).addr() - start.addr();
+            let new_len = header_space
+                .checked_add(new_payload)?
+                .checked_next_multiple_of(granule)?;
+            let base = source.remap(start, old_len, new_len);
+            if base.is_null() {
+                return None;
+            }
+            self.direct_blocks.fetch_sub(1, Relaxed);
+            self.direct_granted.fetch_sub(capacity, Relaxed);
+            self.direct_mapped.fetch_sub(old_len, Relaxed);
+            self.direct_allocations.fetch_sub(1, Relaxed);
+            let grant = self.format_direct(base, new_len, header_space);
+            Some((grant.ptr, grant.size))
+        }
+    }
+
+    /// Unmaps empty chunks and purges the pages of large free blocks.
+    pub(crate) fn garbage_collect(&self, source: &impl PageSource) {
+        let granule = source.granularity();
+        let mut st = self.state.lock();
+        // SAFETY: chunks in the list are live mappings; blocks reached are valid; a chunk is
+        // unmapped only after its block left the tree and the chunk left the list.
+        unsafe {
+            let mut chunk = st.chunks;
+            while !chunk.is_null() {
+                let next_chunk = (*chunk).next;
+                let first: *mut Block = chunk.cast::<u8>().add(FIRST_BLOCK).cast();
+                if !is_used(first) && spans_chunk(first) {
+                    st.remove_free(first);
+                    st.empty_chunks -= 1;
+                    let (base, len) = st.unlink_chunk(first);
+                    source.unmap(base, len);
+                }
+                chunk = next_chunk;
+            }
+            let mut n = st.tree.first();
+            while !n.is_null() {
+                let b = block_of_node(n);
+                if size(b) >= PURGE_MIN && flags(b) & CLEAN == 0 {
+                    let start = payload(b).add(MIN_PAYLOAD);
+                    let end = payload(b).add(size(b));
+                    let inner_start = start.map_addr(|a| a.next_multiple_of(granule));
+                    let inner_end = end.map_addr(|a| a & !(granule - 1));
+                    if inner_end > inner_start {
+                        let len = inner_end.addr() - inner_start.addr();
+                        if source.purge(inner_start, len) {
+                            start.write_bytes(0, inner_start.addr() - start.addr());
+                            inner_end.write_bytes(0, end.addr() - inner_end.addr());
+                            (*b).size_flags |= CLEAN;
+                        }
+                    }
+                }
+                n = FreeTree::successor(n);
+            }
+        }
+    }
+
+    pub(crate) fn stats(&self) -> LargeStats {
+        let st = self.state.lock();
+        LargeStats {
+            granted_bytes: st.granted_bytes + self.direct_granted.load(Relaxed),
+            live_blocks: st.live_blocks + self.direct_blocks.load(Relaxed),
+            allocations: st.allocations + self.direct_allocations.load(Relaxed),
+            frees: st.frees + self.direct_frees.load(Relaxed),
+            chunks: st.chunk_count,
+            chunk_bytes: st.chunk_bytes,
+            free_blocks: st.tree.len(),
+            free_bytes: st.free_bytes,
+            largest_free: st.tree.largest(),
+            direct_blocks: self.direct_blocks.load(Relaxed),
+            direct_granted_bytes: self.direct_granted.load(Relaxed),
+            direct_mapped_bytes: self.direct_mapped.load(Relaxed),
+        }
+    }
+
+    /// Unmaps every chunk (the heap is being dropped). Direct blocks still live are the
+    /// owner's leak and stay mapped.
+    pub(crate) fn release_all(&mut self, source: &impl PageSource) {
+        let st = self.state.get_mut();
+        // SAFETY: every chunk in the list is a live mapping of `len` bytes.
+        unsafe {
+            let mut chunk = st.chunks;
+            while !chunk.is_null() {
+                let next = (*chunk).next;
+                source.unmap(chunk.cast(), (*chunk).len);
+                chunk = next;
+            }
+        }
+        *st = LargeState::new();
+    }
+
+    /// Checks the block lists of every chunk against the tree (for tests).
+    pub(crate) fn validate(&self) -> Result<(), &'static str> {
+        let st = self.state.lock();
+        let tree_nodes = st.tree.validate()?;
+        let mut free_seen = 0;
+        let mut free_bytes = 0;
+        let mut used_bytes = 0;
+        let mut used_blocks = 0;
+        let mut empty = 0;
+        // SAFETY: chunks and their blocks are valid while the lock is held.
+        unsafe {
+            let mut chunk = st.chunks;
+            while !chunk.is_null() {
+                let mut b: *mut Block = chunk.cast::<u8>().add(FIRST_BLOCK).cast();
+                let mut prev: *mut Block = chunk.cast::<u8>().add(CHUNK_HDR).cast();
+                let mut prev_free = false;
+                let mut total = 0;
+                while size(b) != 0 {
+                    if (*b).prev != prev {
+                        return Err("block prev link is wrong");
+                    }
+                    if payload(b).addr() % HDR != 0 || size(b) < MIN_PAYLOAD {
+                        return Err("block misaligned or too small");
+                    }
+                    let free = !is_used(b);
+                    if free && prev_free {
+                        return Err("two adjacent free blocks");
+                    }
+                    if free {
+                        free_seen += 1;
+                        free_bytes += size(b);
+                        if spans_chunk(b) {
+                            empty += 1;
+                        }
+                        if FreeTree::size_of(node(b)) != size(b) {
+                            return Err("tree key differs from block size");
+                        }
+                    } else {
+                        used_blocks += 1;
+                        used_bytes += size(b);
+                    }
+                    total += HDR + size(b);
+                    prev_free = free;
+                    prev = b;
+                    b = next(b);
+                }
+                if (*b).prev != prev {
+                    return Err("fence prev link is wrong");
+                }
+                if total + FIRST_BLOCK + HDR != (*chunk).len {
+                    return Err("blocks do not fill their chunk");
+                }
+                chunk = (*chunk).next;
+            }
+        }
+        if free_seen != tree_nodes {
+            return Err("free blocks and tree nodes differ");
+        }
+        if free_bytes != st.free_bytes {
+            return Err("free byte counter is wrong");
+        }
+        if used_bytes != st.granted_bytes || used_blocks != st.live_blocks {
+            return Err("live counters differ from the chunks");
+        }
+        if empty != st.empty_chunks {
+            return Err("empty chunk count is wrong");
+        }
+        Ok(())
+    }
+}

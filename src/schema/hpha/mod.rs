@@ -1,0 +1,279 @@
+//! HPHA: Dimitar Lazarov's High Performance Heap Allocator, as O3DE's AzCore uses it.
+//!
+//! Two heaps behind one interface, chosen by the layout of each request:
+//! - [`small`]: requests up to 4 KiB (after rounding up to their alignment) come from
+//!   size-class pages whose header is found by masking the address;
+//! - [`large`]: everything else comes from chunks managed with a red-black tree of free
+//!   blocks ([`tree`]), best fit with splitting and immediate coalescing, or from a mapping of
+//!   its own when very large or very aligned.
+//!
+//! Rust hands the layout back on free, so the class of a small block is computed, not read
+//! from the block; the page header only confirms it.
+
+mod large;
+mod size_class;
+mod small;
+mod tree;
+
+use crate::os::{OsAllocator, PageSource};
+use crate::schema::Allocation;
+use core::alloc::Layout;
+use core::ptr::NonNull;
+use large::LargeHeap;
+use size_class::{class_for, class_size};
+use small::SmallHeap;
+
+pub use large::{CHUNK_SIZE, DIRECT_THRESHOLD, MAX_TREE_ALIGN};
+pub use size_class::MAX_SMALL;
+pub use small::{PAGE_SIZE as SMALL_PAGE_SIZE, SEGMENT_SIZE};
+
+/// A thread-safe HPHA heap drawing pages from `S`.
+///
+/// ```
+/// use core::alloc::Layout;
+/// use tagalloc::os::OsAllocator;
+/// use tagalloc::schema::HphaSchema;
+///
+/// let heap = HphaSchema::new(OsAllocator);
+/// let layout = Layout::from_size_align(100, 16).unwrap();
+/// let block = heap.allocate(layout).expect("out of memory");
+/// assert!(block.size >= 100 && block.ptr.as_ptr() as usize % 16 == 0);
+/// // SAFETY: the block came from this heap with this layout.
+/// unsafe { heap.deallocate(block.ptr, layout) };
+/// assert_eq!(heap.stats().live_blocks, 0);
+/// ```
+pub struct HphaSchema<S: PageSource = OsAllocator> {
+    small: SmallHeap,
+    large: LargeHeap,
+    source: S,
+}
+
+/// What an [`HphaSchema`] holds, read with [`HphaSchema::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HphaStats {
+    /// Bytes granted to live blocks: the class size or block size, which is at least what
+    /// was requested.
+    pub granted_bytes: usize,
+    /// Live blocks.
+    pub live_blocks: usize,
+    /// Blocks handed out since the heap was created (a moving realloc counts one).
+    pub allocations: u64,
+    /// Blocks freed since the heap was created (a moving realloc counts one).
+    pub frees: u64,
+    /// Bytes held from the page source: segments, chunks and dedicated mappings.
+    pub held_bytes: usize,
+    /// Of `granted_bytes`, those in small blocks.
+    pub small_granted_bytes: usize,
+    /// Of `granted_bytes`, those in large blocks (including dedicated mappings).
+    pub large_granted_bytes: usize,
+    /// Small-block pages serving a size class.
+    pub small_pages: usize,
+    /// Small-block pages free in the pool.
+    pub free_small_pages: usize,
+    /// Segments (2 MiB each) mapped for small-block pages.
+    pub segments: usize,
+    /// Chunks mapped for the large-block tree.
+    pub chunks: usize,
+    /// Free blocks in the large-block tree.
+    pub free_large_blocks: usize,
+    /// Bytes in free large blocks.
+    pub free_large_bytes: usize,
+    /// The largest free large block.
+    pub largest_free_large_block: usize,
+    /// Live blocks with a mapping of their own.
+    pub direct_blocks: usize,
+}
+
+impl<S: PageSource> HphaSchema<S> {
+    /// A heap that maps nothing until its first allocation.
+    pub const fn new(source: S) -> Self {
+        Self {
+            small: SmallHeap::new(),
+            large: LargeHeap::new(),
+            source,
+        }
+    }
+
+    /// The page source this heap draws from.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// Allocates a block for `layout`; `None` when the page source is out of memory or the
+    /// request cannot be represented. A zero-size request gets a real, unique block.
+    #[inline]
+    pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
+        if let Some(class) = class_for(layout.size(), layout.align()) {
+            let ptr = NonNull::new(self.small.allocate(class, &self.source))?;
+            return Some(Allocation {
+                ptr,
+                size: class_size(class),
+            });
+        }
+        let grant = self
+            .large
+            .allocate(layout.size(), layout.align(), &self.source)?;
+        Some(Allocation {
+            // SAFETY: a grant's pointer is never null.
+            ptr: unsafe { NonNull::new_unchecked(grant.ptr) },
+            size: grant.size,
+        })
+    }
+
+    /// Like [`allocate`](Self::allocate), with the whole block zeroed. Memory known to be
+    /// fresh from the page source is not written again.
+    pub fn allocate_zeroed(&self, layout: Layout) -> Option<Allocation> {
+        if let Some(class) = class_for(layout.size(), layout.align()) {
+            let ptr = NonNull::new(self.small.allocate(class, &self.source))?;
+            let size = class_size(class);
+            // SAFETY: the slot is ours and `size` bytes long.
+            unsafe { ptr.as_ptr().write_bytes(0, size) };
+            return Some(Allocation { ptr, size });
+        }
+        let grant = self
+            .large
+            .allocate(layout.size(), layout.align(), &self.source)?;
+        // SAFETY: the block is ours; past `dirty_prefix` it already reads as zero.
+        unsafe { grant.ptr.write_bytes(0, grant.dirty_prefix) };
+        Some(Allocation {
+            // SAFETY: a grant's pointer is never null.
+            ptr: unsafe { NonNull::new_unchecked(grant.ptr) },
+            size: grant.size,
+        })
+    }
+
+    /// Frees a block.
+    ///
+    /// # Safety
+    /// `ptr` must have been returned by this heap for a layout with the same alignment as
+    /// `layout`, and a size between the one requested and the one granted, and must not
+    /// have been freed since. Wrong and double frees that can be detected cheaply abort the
+    /// process with a message (more of them in debug builds or with feature `checked`).
+    #[inline]
+    pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if let Some(class) = class_for(layout.size(), layout.align()) {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.small.free(ptr.as_ptr(), class) };
+        } else {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.large.free(ptr.as_ptr(), &self.source) };
+        }
+    }
+
+    /// Resizes a block to `new_size` bytes, keeping its alignment and contents (up to the
+    /// smaller size). In place when possible; otherwise a new block is allocated, the
+    /// contents copied, and the old block freed. `None` leaves the old block untouched.
+    ///
+    /// # Safety
+    /// As for [`deallocate`](Self::deallocate); `new_size` rounded up to the alignment must
+    /// not exceed `isize::MAX`.
+    pub unsafe fn reallocate(
+        &self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<Allocation> {
+        let align = layout.align();
+        let old_class = class_for(layout.size(), align);
+        let new_class = class_for(new_size, align);
+        match (old_class, new_class) {
+            (Some(a), Some(b)) if a == b => {
+                return Some(Allocation {
+                    ptr,
+                    size: class_size(a),
+                });
+            }
+            (None, None) => {
+                // SAFETY: `ptr` is a live large block with this alignment.
+                if let Some((p, size)) = unsafe {
+                    self.large
+                        .resize(ptr.as_ptr(), new_size, align, &self.source)
+                } {
+                    return Some(Allocation {
+                        // SAFETY: resize never returns null.
+                        ptr: unsafe { NonNull::new_unchecked(p) },
+                        size,
+                    });
+                }
+            }
+            _ => {}
+        }
+        let new_layout = Layout::from_size_align(new_size, align).ok()?;
+        let new = self.allocate(new_layout)?;
+        // SAFETY: both blocks are live and distinct; the old one holds at least
+        // `layout.size()` bytes and the new one at least `new_size`.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                ptr.as_ptr(),
+                new.ptr.as_ptr(),
+                layout.size().min(new_size),
+            );
+            self.deallocate(ptr, layout);
+        }
+        Some(new)
+    }
+
+    /// The bytes usable in a live block (its class or block size).
+    ///
+    /// # Safety
+    /// `ptr` must be a live block of this heap allocated with `layout`.
+    pub unsafe fn usable_size(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        match class_for(layout.size(), layout.align()) {
+            Some(class) => class_size(class),
+            // SAFETY: forwarded from the caller.
+            None => unsafe { LargeHeap::usable_size(ptr.as_ptr()) },
+        }
+    }
+
+    /// Returns what can be returned to the page source: empty small pages and segments,
+    /// empty chunks, and the pages inside large free blocks. Safe to call at any time from
+    /// any thread; other threads keep allocating meanwhile.
+    pub fn garbage_collect(&self) {
+        self.small.garbage_collect(&self.source);
+        self.large.garbage_collect(&self.source);
+    }
+
+    /// A snapshot of the heap's counters. Each side is read under its own locks, so the
+    /// figures are exact when no other thread is allocating.
+    pub fn stats(&self) -> HphaStats {
+        let small = self.small.stats();
+        let large = self.large.stats();
+        HphaStats {
+            granted_bytes: small.granted_bytes + large.granted_bytes,
+            live_blocks: small.live_blocks + large.live_blocks,
+            allocations: small.allocations + large.allocations,
+            frees: small.frees + large.frees,
+            held_bytes: small.segments * SEGMENT_SIZE
+                + large.chunk_bytes
+                + large.direct_mapped_bytes,
+            small_granted_bytes: small.granted_bytes,
+            large_granted_bytes: large.granted_bytes,
+            small_pages: small.class_pages,
+            free_small_pages: small.free_pages,
+            segments: small.segments,
+            chunks: large.chunks,
+            free_large_blocks: large.free_blocks,
+            free_large_bytes: large.free_bytes,
+            largest_free_large_block: large.largest_free,
+            direct_blocks: large.direct_blocks,
+        }
+    }
+
+    /// Checks the heap's invariants: the red-black tree (colours, black heights, order),
+    /// every chunk's block list (links, no two adjacent free blocks), and the counters.
+    /// Takes every lock; meant for tests and debugging.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        self.small.validate()?;
+        self.large.validate()
+    }
+}
+
+impl<S: PageSource> Drop for HphaSchema<S> {
+    fn drop(&mut self) {
+        self.small.release_all(&self.source);
+        self.large.release_all(&self.source);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,108 @@
+//! Small-block size classes.
+//!
+//! Classes step by 8 bytes up to 512 B (as O3DE's HPHA does), so the common small sizes waste
+//! at most 7 bytes and the lookup is a shift. From 512 B to 4 KiB there are four classes per
+//! power of two (640, 768, 896, 1024, 1280, …, 4096), which caps waste at 25% while keeping
+//! medium sizes off the locked large-block tree.
+//!
+//! A class can serve an alignment `a` when its element size is a multiple of `a`: slots are
+//! carved backwards from the 64 KiB-aligned end of a page, so every slot then lands on a
+//! multiple of `a`. Rounding the request up to its alignment before the lookup guarantees this
+//! (proved exhaustively by a test below).
+
+/// Largest size (after rounding up to the alignment) served by small-block pages.
+pub const MAX_SMALL: usize = 4096;
+/// End of the linear (8-byte step) region.
+const LINEAR_MAX: usize = 512;
+const LINEAR_CLASSES: usize = LINEAR_MAX / 8;
+/// Number of small size classes.
+pub(crate) const CLASS_COUNT: usize = LINEAR_CLASSES + 12;
+
+/// The element size of class `c`.
+#[inline]
+pub(crate) const fn class_size(c: usize) -> usize {
+    if c < LINEAR_CLASSES {
+        (c + 1) * 8
+    } else {
+        let j = c - LINEAR_CLASSES;
+        let shift = 7 + j / 4;
+        (5 + j % 4) << shift
+    }
+}
+
+/// The smallest class whose element size is ≥ `size`; `size` must be in `0..=MAX_SMALL`.
+#[inline]
+pub(crate) const fn class_of(size: usize) -> usize {
+    if size <= LINEAR_MAX {
+        let s = if size == 0 { 1 } else { size };
+        ((s + 7) >> 3) - 1
+    } else {
+        let m = size - 1;
+        let k = (usize::BITS - 1 - m.leading_zeros()) as usize; // floor(log2(m)) >= 9
+        LINEAR_CLASSES + (k - 9) * 4 + (m >> (k - 2)) - 4
+    }
+}
+
+/// The class serving a request of `size` bytes at `align`, or `None` for the large heap.
+#[inline]
+pub(crate) const fn class_for(size: usize, align: usize) -> Option<usize> {
+    if size > MAX_SMALL || align > MAX_SMALL {
+        return None;
+    }
+    let rounded = (if size == 0 { 1 } else { size } + align - 1) & !(align - 1);
+    if rounded > MAX_SMALL {
+        return None;
+    }
+    Some(class_of(rounded))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_increasing_and_cover_every_size() {
+        for c in 1..CLASS_COUNT {
+            assert!(class_size(c) > class_size(c - 1));
+        }
+        assert_eq!(class_size(CLASS_COUNT - 1), MAX_SMALL);
+        for size in 0..=MAX_SMALL {
+            let c = class_of(size);
+            assert!(class_size(c) >= size.max(1), "size {size}");
+            if c > 0 {
+                assert!(
+                    class_size(c - 1) < size,
+                    "size {size} not in its smallest class"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_class_element_is_a_multiple_of_the_alignment_it_serves() {
+        let mut align = 1;
+        while align <= MAX_SMALL {
+            for size in 0..=MAX_SMALL {
+                if let Some(c) = class_for(size, align) {
+                    assert_eq!(class_size(c) % align, 0, "size {size} align {align}");
+                    assert!(class_size(c) >= size);
+                }
+            }
+            align *= 2;
+        }
+    }
+
+    #[test]
+    fn any_size_between_request_and_grant_maps_to_the_same_class() {
+        // The allocator contract lets a free name any size in [requested, granted].
+        for align in [1, 8, 16, 64, 512, 4096] {
+            for size in (0..=MAX_SMALL).step_by(7) {
+                if let Some(c) = class_for(size, align) {
+                    for freed in [size, (size + class_size(c)) / 2, class_size(c)] {
+                        assert_eq!(class_for(freed, align), Some(c));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,584 @@
+//! Small blocks: size-class pages carved from 2 MiB segments.
+//!
+//! A page is 64 KiB, aligned to 64 KiB, with its [`PageHeader`] at the start, so the header
+//! of any small block is found by masking its address. Slots are carved from the page's end
+//! (see `size_class`), handed out first from a LIFO free list threaded through freed slots,
+//! then from a bump pointer over never-used slots so untouched memory stays untouched.
+//!
+//! Pages come from 2 MiB segments mapped from the page source. A page that becomes empty
+//! goes back to a shared pool (unless it is its class's last page) and can serve any class
+//! next. `garbage_collect` unmaps whole free segments and purges the bodies of the other free
+//! pages.
+//!
+//! Locking: one lock per class, padded to its own cache line, so different classes never
+//! contend; the pool has its own lock, always taken after a class lock.
+
+use super::size_class::{CLASS_COUNT, class_size};
+use crate::fatal::fatal;
+use crate::os::PageSource;
+use crate::sync::SpinLock;
+use core::ptr::null_mut;
+
+/// Bytes per small-block page; also the alignment used to find a page header.
+pub const PAGE_SIZE: usize = 64 * 1024;
+/// Bytes per segment, the unit mapped from the page source.
+pub const SEGMENT_SIZE: usize = 2 * 1024 * 1024;
+const PAGES_PER_SEGMENT: usize = SEGMENT_SIZE / PAGE_SIZE;
+
+/// Whether double frees and foreign frees of small blocks are checked with a bitmap.
+pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
+/// Words of the per-page "slot is live" bitmap (one bit per slot of the smallest class).
+const BITMAP_WORDS: usize = if CHECKED { PAGE_SIZE / 8 / 64 } else { 0 };
+
+/// `page.class` of a page that belongs to no class (in the pool).
+const NO_CLASS: u16 = u16::MAX;
+/// Mixed with a page's address to form its marker, which tells a live class page from
+/// anything else at a 64 KiB boundary.
+const PAGE_MAGIC: usize = 0x7a67_a110_c5a9_e5e1;
+
+/// A free slot's link in its page's free list.
+struct FreeSlot {
+    next: *mut FreeSlot,
+}
+
+/// The header at the start of every small-block page.
+#[repr(C, align(64))]
+pub(crate) struct PageHeader {
+    /// `PAGE_MAGIC ^ address` while the page serves a class; 0 otherwise.
+    marker: usize,
+    /// LIFO list of freed slots.
+    free: *mut FreeSlot,
+    /// Next never-used slot; slots from here to the page end were never handed out.
+    bump: *mut u8,
+    /// Links in the class's partial list, or in the pool's free list.
+    next: *mut PageHeader,
+    prev: *mut PageHeader,
+    /// Size class, or `NO_CLASS`.
+    class: u16,
+    /// Whether the page is linked in its class's partial list.
+    in_partial: bool,
+    /// Whether the page body was purged since it last served a class.
+    purged: bool,
+    /// Slots handed out and not yet freed.
+    used: u32,
+    /// Slots in the page for its class.
+    capacity: u32,
+    /// Element size of the class, cached.
+    elem: u32,
+    /// The allocator (tag) that owns this page; 0 is the heap itself.
+    pub(crate) tag: u32,
+    // Segment bookkeeping: meaningful only in the first page of a segment.
+    seg_next: *mut PageHeader,
+    seg_prev: *mut PageHeader,
+    /// Pages of this segment handed to classes.
+    seg_used: u32,
+    /// Pages of this segment carved so far (the rest were never touched).
+    seg_carved: u32,
+    /// One bit per slot: set while the slot is live (checked builds only).
+    live: [u64; BITMAP_WORDS],
+}
+
+/// Bytes at the start of each page taken by the header.
+const HEADER_SPACE: usize = core::mem::size_of::<PageHeader>();
+const _: () = assert!(HEADER_SPACE <= 2048);
+const _: () = assert!((PAGE_SIZE - HEADER_SPACE) / 8 <= BITMAP_WORDS * 64 || !CHECKED);
+
+#[inline]
+fn page_marker(page: *mut PageHeader) -> usize {
+    PAGE_MAGIC ^ page.addr()
+}
+
+/// The page holding a small block.
+#[inline]
+pub(crate) fn page_of(ptr: *mut u8) -> *mut PageHeader {
+    ptr.map_addr(|a| a & !(PAGE_SIZE - 1)).cast()
+}
+
+#[inline]
+fn segment_of(page: *mut PageHeader) -> *mut PageHeader {
+    page.map_addr(|a| a & !(SEGMENT_SIZE - 1))
+}
+
+/// Per-class state, guarded by the class lock.
+pub(crate) struct ClassState {
+    /// Pages with at least one free slot (doubly linked through `next`/`prev`).
+    partial: *mut PageHeader,
+    partial_count: usize,
+    /// Pages serving this class (partial or full).
+    pages: usize,
+    live_blocks: usize,
+    allocations: u64,
+    frees: u64,
+}
+
+impl ClassState {
+    const fn new() -> Self {
+        Self {
+            partial: null_mut(),
+            partial_count: 0,
+            pages: 0,
+            live_blocks: 0,
+            allocations: 0,
+            frees: 0,
+        }
+    }
+
+    /// # Safety
+    /// `page` must be a valid page header of this class, not in the list.
+    unsafe fn push_partial(&mut self, page: *mut PageHeader) {
+        // SAFETY: `page` and the current head are valid headers (class lock held).
+        unsafe {
+            (*page).prev = null_mut();
+            (*page).next = self.partial;
+            if !self.partial.is_null() {
+                (*self.partial).prev = page;
+            }
+            (*page).in_partial = true;
+        }
+        self.partial = page;
+        self.partial_count += 1;
+    }
+
+    /// # Safety
+    /// `page` must be a valid page header in this class's partial list.
+    unsafe fn unlink_partial(&mut self, page: *mut PageHeader) {
+        // SAFETY: `page` and its neighbours are valid headers (class lock held).
+        unsafe {
+            let (prev, next) = ((*page).prev, (*page).next);
+            if prev.is_null() {
+                self.partial = next;
+            } else {
+                (*prev).next = next;
+            }
+            if !next.is_null() {
+                (*next).prev = prev;
+            }
+            (*page).in_partial = false;
+        }
+        self.partial_count -= 1;
+    }
+}
+
+// SAFETY: the raw pointers refer to pages owned by the heap; access is serialised by the
+// class lock that wraps this state.
+unsafe impl Send for ClassState {}
+
+/// The pool of pages that serve no class, and the list of segments.
+struct PagePool {
+    /// Free pages (doubly linked through `next`/`prev`).
+    free: *mut PageHeader,
+    free_count: usize,
+    /// Segment whose pages are still being carved, and how many it has left.
+    cursor: *mut PageHeader,
+    /// All segments (linked through `seg_next`/`seg_prev` of their first page).
+    segments: *mut PageHeader,
+    segment_count: usize,
+}
+
+// SAFETY: as for `ClassState`: pointers into heap-owned segments, guarded by the pool lock.
+unsafe impl Send for PagePool {}
+
+impl PagePool {
+    const fn new() -> Self {
+        Self {
+            free: null_mut(),
+            free_count: 0,
+            cursor: null_mut(),
+            segments: null_mut(),
+            segment_count: 0,
+        }
+    }
+
+    unsafe fn push_free(&mut self, page: *mut PageHeader) {
+        // SAFETY: valid headers, pool lock held.
+        unsafe {
+            (*page).prev = null_mut();
+            (*page).next = self.free;
+            if !self.free.is_null() {
+                (*self.free).prev = page;
+            }
+        }
+        self.free = page;
+        self.free_count += 1;
+    }
+
+    unsafe fn unlink_free(&mut self, page: *mut PageHeader) {
+        // SAFETY: valid headers in the free list, pool lock held.
+        unsafe {
+            let (prev, next) = ((*page).prev, (*page).next);
+            if prev.is_null() {
+                self.free = next;
+            } else {
+                (*prev).next = next;
+            }
+            if !next.is_null() {
+                (*next).prev = prev;
+            }
+        }
+        self.free_count -= 1;
+    }
+
+    /// A page for a class: a pooled one, a fresh one from the current segment, or one from a
+    /// newly mapped segment. Null when the source is out of memory.
+    fn take_page(&mut self, source: &impl PageSource) -> *mut PageHeader {
+        // SAFETY: every header reached is in a live segment owned by this pool.
+        unsafe {
+            if !self.free.is_null() {
+                let page = self.free;
+                self.unlink_free(page);
+                (*segment_of(page)).seg_used += 1;
+                return page;
+            }
+            if self.cursor.is_null() {
+                let seg: *mut PageHeader = source.map(SEGMENT_SIZE, SEGMENT_SIZE, 0).cast();
+                if seg.is_null() {
+                    return null_mut();
+                }
+                // Fresh mappings read as zero, so only the non-zero fields need writing.
+                (*seg).seg_next = self.segments;
+                if !self.segments.is_null() {
+                    (*self.segments).seg_prev = seg;
+                }
+                self.segments = seg;
+                self.segment_count += 1;
+                self.cursor = seg;
+            }
+            let seg = self.cursor;
+            let page: *mut PageHeader = seg.byte_add((*seg).seg_carved as usize * PAGE_SIZE);
+            (*seg).seg_carved += 1;
+            (*seg).seg_used += 1;
+            if (*seg).seg_carved as usize == PAGES_PER_SEGMENT {
+                self.cursor = null_mut();
+            }
+            (*page).class = NO_CLASS;
+            page
+        }
+    }
+
+    /// Takes back an empty page.
+    unsafe fn return_page(&mut self, page: *mut PageHeader) {
+        // SAFETY: `page` is a valid empty header of a live segment; pool lock held.
+        unsafe {
+            (*page).marker = 0;
+            (*page).class = NO_CLASS;
+            (*segment_of(page)).seg_used -= 1;
+            self.push_free(page);
+        }
+    }
+
+    /// Unmaps segments with no page in use; purges the bodies of other free pages.
+    fn collect(&mut self, source: &impl PageSource) {
+        let granule = source.granularity();
+        // SAFETY: all headers reached are in live segments owned by this pool; a segment is
+        // unmapped only after all its pages have been unlinked from the free list.
+        unsafe {
+            let mut seg = self.segments;
+            while !seg.is_null() {
+                let next_seg = (*seg).seg_next;
+                if (*seg).seg_used == 0 {
+                    for i in 0..(*seg).seg_carved as usize {
+                        self.unlink_free(seg.byte_add(i * PAGE_SIZE));
+                    }
+                    if self.cursor == seg {
+                        self.cursor = null_mut();
+                    }
+                    let (prev, next) = ((*seg).seg_prev, (*seg).seg_next);
+                    if prev.is_null() {
+                        self.segments = next;
+                    } else {
+                        (*prev).seg_next = next;
+                    }
+                    if !next.is_null() {
+                        (*next).seg_prev = prev;
+                    }
+                    self.segment_count -= 1;
+                    source.unmap(seg.cast(), SEGMENT_SIZE);
+                }
+                seg = next_seg;
+            }
+            // Purge the bodies of the remaining free pages; the first granule keeps the header.
+            let body = HEADER_SPACE.next_multiple_of(granule);
+            let mut page = self.free;
+            while !page.is_null() {
+                if !(*page).purged && body < PAGE_SIZE {
+                    (*page).purged = source.purge(page.cast::<u8>().add(body), PAGE_SIZE - body);
+                }
+                page = (*page).next;
+            }
+        }
+    }
+
+    /// Unmaps every segment (the heap is being dropped).
+    fn release_all(&mut self, source: &impl PageSource) {
+        // SAFETY: each segment is a live mapping of SEGMENT_SIZE from `source`.
+        unsafe {
+            let mut seg = self.segments;
+            while !seg.is_null() {
+                let next = (*seg).seg_next;
+                source.unmap(seg.cast(), SEGMENT_SIZE);
+                seg = next;
+            }
+        }
+        *self = Self::new();
+    }
+}
+
+/// A class lock on its own cache line, so classes do not false-share.
+#[repr(align(64))]
+struct PaddedClass(SpinLock<ClassState>);
+
+/// Counters of the small-block side, summed over classes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SmallStats {
+    pub granted_bytes: usize,
+    pub live_blocks: usize,
+    pub allocations: u64,
+    pub frees: u64,
+    pub class_pages: usize,
+    pub free_pages: usize,
+    pub segments: usize,
+}
+
+/// The small-block heap: per-class page lists and the page pool.
+pub(crate) struct SmallHeap {
+    classes: [PaddedClass; CLASS_COUNT],
+    pool: SpinLock<PagePool>,
+}
+
+impl SmallHeap {
+    pub(crate) const fn new() -> Self {
+        Self {
+            classes: [const { PaddedClass(SpinLock::new(ClassState::new())) }; CLASS_COUNT],
+            pool: SpinLock::new(PagePool::new()),
+        }
+    }
+
+    /// Prepares a pool page to serve `class`.
+    ///
+    /// # Safety
+    /// `page` must be a page taken from the pool, owned by the caller.
+    unsafe fn format_page(page: *mut PageHeader, class: usize) {
+        let elem = class_size(class);
+        let capacity = (PAGE_SIZE - HEADER_SPACE) / elem;
+        // SAFETY: the page is ours and mapped for PAGE_SIZE bytes.
+        unsafe {
+            (*page).marker = page_marker(page);
+            (*page).free = null_mut();
+            (*page).bump = page.cast::<u8>().add(PAGE_SIZE - capacity * elem);
+            (*page).class = class as u16;
+            (*page).in_partial = false;
+            (*page).purged = false;
+            (*page).used = 0;
+            (*page).capacity = capacity as u32;
+            (*page).elem = elem as u32;
+            (*page).tag = 0;
+            if CHECKED {
+                (*page).live = [0; BITMAP_WORDS];
+            }
+        }
+    }
+
+    /// Allocates one slot of `class`; null if the source is out of memory.
+    #[inline]
+    pub(crate) fn allocate(&self, class: usize, source: &impl PageSource) -> *mut u8 {
+        let mut st = self.classes[class].0.lock();
+        let mut page = st.partial;
+        // SAFETY: pages in the partial list are valid headers of this class; the class lock
+        // is held, so nobody else touches them.
+        unsafe {
+            if page.is_null() {
+                page = self.pool.lock().take_page(source);
+                if page.is_null() {
+                    return null_mut();
+                }
+                Self::format_page(page, class);
+                st.push_partial(page);
+                st.pages += 1;
+            }
+            let slot: *mut u8;
+            if !(*page).free.is_null() {
+                let s = (*page).free;
+                (*page).free = (*s).next;
+                slot = s.cast();
+            } else {
+                slot = (*page).bump;
+                (*page).bump = slot.add((*page).elem as usize);
+            }
+            (*page).used += 1;
+            if (*page).used == (*page).capacity {
+                st.unlink_partial(page);
+            }
+            if CHECKED {
+                let (w, bit) = Self::slot_bit(page, slot);
+                (*page).live[w] |= bit;
+            }
+            st.live_blocks += 1;
+            st.allocations += 1;
+            slot
+        }
+    }
+
+    /// The bitmap word and bit of `slot` in `page`.
+    ///
+    /// # Safety
+    /// `page` must be a valid class page and `slot` a pointer into it.
+    #[inline]
+    unsafe fn slot_bit(page: *mut PageHeader, slot: *mut u8) -> (usize, u64) {
+        // SAFETY: forwarded; the header is valid.
+        let elem = unsafe { (*page).elem } as usize;
+        let from_end = page.addr() + PAGE_SIZE - slot.addr();
+        let index = from_end / elem;
+        (index / 64, 1 << (index % 64))
+    }
+
+    /// Frees a slot of `class`.
+    ///
+    /// # Safety
+    /// `ptr` must have come from [`SmallHeap::allocate`] with the same `class` and not have
+    /// been freed since. Misuse that can be seen cheaply (wrong class, not a small block, and
+    /// in checked builds a double free or an interior pointer) aborts with a message.
+    #[inline]
+    pub(crate) unsafe fn free(&self, ptr: *mut u8, class: usize) {
+        let page = page_of(ptr);
+        let mut st = self.classes[class].0.lock();
+        // SAFETY: for a valid `ptr` the page is a live class page, stable while the block is
+        // live; the class lock serialises access to its fields.
+        unsafe {
+            if (*page).marker != page_marker(page) || (*page).class as usize != class {
+                drop(st);
+                Self::report_bad_free(ptr, page, class);
+            }
+            if CHECKED {
+                let elem = (*page).elem as usize;
+                let first = page.addr() + PAGE_SIZE - (*page).capacity as usize * elem;
+                if ptr.addr() < first || (page.addr() + PAGE_SIZE - ptr.addr()) % elem != 0 {
+                    drop(st);
+                    fatal!(
+                        "free of {:p}, which is inside a {}-byte block, not at its start",
+                        ptr,
+                        elem
+                    );
+                }
+                let (w, bit) = Self::slot_bit(page, ptr);
+                if (*page).live[w] & bit == 0 {
+                    drop(st);
+                    fatal!("double free of {:p} ({}-byte block)", ptr, elem);
+                }
+                (*page).live[w] &= !bit;
+            }
+            let slot: *mut FreeSlot = ptr.cast();
+            (*slot).next = (*page).free;
+            (*page).free = slot;
+            if !(*page).in_partial {
+                st.push_partial(page);
+            }
+            (*page).used -= 1;
+            st.live_blocks -= 1;
+            st.frees += 1;
+            if (*page).used == 0 && st.partial_count > 1 {
+                st.unlink_partial(page);
+                st.pages -= 1;
+                self.pool.lock().return_page(page);
+            }
+        }
+    }
+
+    #[cold]
+    fn report_bad_free(ptr: *mut u8, page: *mut PageHeader, class: usize) -> ! {
+        // SAFETY: only reached for a pointer whose page header was just read.
+        let (marker_ok, page_class) =
+            unsafe { ((*page).marker == page_marker(page), (*page).class) };
+        if !marker_ok {
+            fatal!(
+                "free of {:p} as a {}-byte small block, but it is not a live small block of \
+                 this heap (wrong allocator, wrong layout, or already freed page)",
+                ptr,
+                class_size(class)
+            );
+        }
+        fatal!(
+            "free of {:p} with a layout of the {}-byte class, but the block is in the {}-byte \
+             class (the layout passed to dealloc differs from the one allocated)",
+            ptr,
+            class_size(class),
+            class_size(page_class as usize)
+        )
+    }
+
+    /// Returns empty class pages to the pool, then unmaps or purges pooled memory.
+    pub(crate) fn garbage_collect(&self, source: &impl PageSource) {
+        for class in &self.classes {
+            let mut st = class.0.lock();
+            let mut page = st.partial;
+            // SAFETY: partial pages are valid headers of this class (lock held).
+            unsafe {
+                while !page.is_null() {
+                    let next = (*page).next;
+                    if (*page).used == 0 {
+                        st.unlink_partial(page);
+                        st.pages -= 1;
+                        self.pool.lock().return_page(page);
+                    }
+                    page = next;
+                }
+            }
+        }
+        self.pool.lock().collect(source);
+    }
+
+    pub(crate) fn stats(&self) -> SmallStats {
+        let mut s = SmallStats::default();
+        for (c, class) in self.classes.iter().enumerate() {
+            let st = class.0.lock();
+            s.granted_bytes += st.live_blocks * class_size(c);
+            s.live_blocks += st.live_blocks;
+            s.allocations += st.allocations;
+            s.frees += st.frees;
+            s.class_pages += st.pages;
+        }
+        let pool = self.pool.lock();
+        s.free_pages = pool.free_count;
+        s.segments = pool.segment_count;
+        s
+    }
+
+    /// Unmaps all memory; the heap must not be used afterwards without new pages.
+    pub(crate) fn release_all(&mut self, source: &impl PageSource) {
+        for class in &mut self.classes {
+            *class.0.get_mut() = ClassState::new();
+        }
+        self.pool.get_mut().release_all(source);
+    }
+
+    /// Checks the page lists of every class.
+    pub(crate) fn validate(&self) -> Result<(), &'static str> {
+        for (c, class) in self.classes.iter().enumerate() {
+            let st = class.0.lock();
+            let mut page = st.partial;
+            let mut n = 0;
+            // SAFETY: partial pages are valid (lock held).
+            unsafe {
+                while !page.is_null() {
+                    if (*page).class as usize != c || !(*page).in_partial {
+                        return Err("page in the wrong partial list");
+                    }
+                    if (*page).used >= (*page).capacity {
+                        return Err("full page in a partial list");
+                    }
+                    n += 1;
+                    page = (*page).next;
+                }
+            }
+            if n != st.partial_count {
+                return Err("partial count is wrong");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for SmallHeap {
+    fn default() -> Self {
+        Self::new()
+    }
+}
