@@ -25,18 +25,17 @@ pub const ALL: [&str; 4] = ["tagalloc", "system", "mimalloc", "jemalloc"];
 
 #[cfg(feature = "alloc-tagalloc")]
 mod chosen {
-    // STAND-IN: `tagalloc::SystemAllocator` has not landed on `main` yet, so this feature
-    // measures System under tagalloc's name and says so in every report. Once it lands, this
-    // becomes `tagalloc::SystemAllocator::new()` and NOTE becomes empty.
     #[global_allocator]
-    static GLOBAL: std::alloc::System = std::alloc::System;
+    static GLOBAL: tagalloc::SystemAllocator = tagalloc::SystemAllocator::new();
 
     pub const NAME: &str = "tagalloc";
-    pub const NOTE: &str = "STAND-IN: System, tagalloc::SystemAllocator is not on main yet";
+    pub const NOTE: &str = "";
 
-    /// tagalloc has no purge entry point yet.
+    /// `SystemAllocator::garbage_collect` returns empty pages, segments and chunks and the
+    /// pages inside large free blocks to the OS.
     pub fn trim() -> bool {
-        false
+        GLOBAL.garbage_collect();
+        true
     }
 }
 

@@ -191,7 +191,7 @@ pub fn render(opts: &Options, results: &Results, version: &str) -> String {
         rows.push(row);
     }
     out += &table(&rows);
-    out += "\nTrim hooks: tagalloc `SystemAllocator::garbage_collect` (when it exists), System \
+    out += "\nTrim hooks: tagalloc `SystemAllocator::garbage_collect()`, System \
             `malloc_trim(0)`, mimalloc `mi_collect(true)`, jemalloc tcache flush + `arena.<all>.purge`.\n";
 
     if !results.failures.is_empty() {
