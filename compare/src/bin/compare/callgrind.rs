@@ -107,6 +107,7 @@ pub fn main(opts: &Options, bins: &Bins) -> Result<(), String> {
     // The loop's own cost per case: equal for every allocator, so the first one seen is shown.
     let mut harness_row: Vec<Option<f64>> = vec![None; CASES.len()];
     let mut subtracted = true;
+    let mut warnings = Vec::new();
     for alloc in &opts.allocators {
         let mut row = vec![alloc.to_string()];
         for (i, (mode, size, _)) in CASES.into_iter().enumerate() {
@@ -116,7 +117,15 @@ pub fn main(opts: &Options, bins: &Bins) -> Result<(), String> {
             if let (Some(f), Some(b)) = (full.harness, base.harness) {
                 let harness = f.saturating_sub(b) as f64 / n as f64;
                 per -= harness;
-                harness_row[i].get_or_insert(harness);
+                let first = *harness_row[i].get_or_insert(harness);
+                // The loop is the same code for every allocator unless allocator code got
+                // inlined into it, which would make the subtraction hide allocator work.
+                if (harness - first).abs() > 1.0 {
+                    warnings.push(format!(
+                        "{alloc} {mode} {size} B: loop cost {harness:.1} differs from {first:.1}; \
+                         allocator code may be inlined into the loop"
+                    ));
+                }
             } else {
                 subtracted = false;
             }
@@ -146,6 +155,9 @@ pub fn main(opts: &Options, bins: &Bins) -> Result<(), String> {
         }
     );
     text += &table(&rows);
+    for w in &warnings {
+        text += &format!("\n**Warning — {w}**\n");
+    }
     print!("{text}");
     let path = opts
         .out
