@@ -33,6 +33,7 @@ options:
   --out FILE          also write the markdown report to FILE
                       (default: <target>/compare/report.md or callgrind.md)
   --no-build          use the binaries from the last build
+  --timeout S         kill a run after S seconds and count it as failed (default 120)
   --n N               callgrind: alloc+free pairs per measurement (default 200000)
 ";
 
@@ -45,6 +46,7 @@ pub struct Options {
     pub out: Option<PathBuf>,
     pub build: bool,
     pub callgrind_n: usize,
+    pub timeout_s: u64,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -56,6 +58,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         out: None,
         build: true,
         callgrind_n: 200_000,
+        timeout_s: 120,
     };
     let (mut rounds, mut scale) = (None, None);
     let mut quick = false;
@@ -67,6 +70,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--no-build" => o.build = false,
             "--rounds" => rounds = Some(value()?.parse().map_err(|_| "--rounds: not a number")?),
             "--scale" => scale = Some(value()?.parse().map_err(|_| "--scale: not a number")?),
+            "--timeout" => {
+                o.timeout_s = value()?.parse().map_err(|_| "--timeout: not a number")?;
+            }
             "--n" => o.callgrind_n = value()?.parse().map_err(|_| "--n: not a number")?,
             "--out" => o.out = Some(PathBuf::from(value()?)),
             "--workloads" => {

@@ -1,7 +1,9 @@
 //! The interleaved runs of the workloads and the collection of their result lines.
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::fs::File;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::Options;
 use crate::build::{self, Bins};
@@ -46,24 +48,49 @@ fn parse_result(stdout: &str) -> Option<Sample> {
     })
 }
 
-/// Runs one workload in a fresh process.
+/// Runs one workload in a fresh process, killing it after `timeout` (a deadlocked allocator
+/// must not hang the whole comparison). Its output goes to files rather than pipes so a
+/// chatty failure cannot block on a full pipe while we wait.
 fn run_one(
     bins: &Bins,
     alloc: &str,
     workload: &str,
     scale: f64,
+    timeout: Duration,
 ) -> Result<(Sample, String), String> {
-    let out = Command::new(bins.workload(alloc))
+    let fail = |e: String| format!("{workload}/{alloc}: {e}");
+    let (out_path, err_path) = (bins.dir.join("run.stdout"), bins.dir.join("run.stderr"));
+    let out_file = File::create(&out_path).map_err(|e| fail(e.to_string()))?;
+    let err_file = File::create(&err_path).map_err(|e| fail(e.to_string()))?;
+    let mut child = Command::new(bins.workload(alloc))
         .args([workload, "--scale", &scale.to_string()])
-        .output()
-        .map_err(|e| format!("{workload}/{alloc}: cannot start: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    if !out.status.success() {
-        return Err(format!("{workload}/{alloc}: {} {stderr}", out.status));
+        .stdin(Stdio::null())
+        .stdout(out_file)
+        .stderr(err_file)
+        .spawn()
+        .map_err(|e| fail(format!("cannot start: {e}")))?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| fail(e.to_string()))? {
+            break status;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(fail(format!("killed after {} s", timeout.as_secs())));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path)
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    if !status.success() {
+        return Err(fail(format!("{status} {stderr}")));
     }
-    let sample = parse_result(&stdout)
-        .ok_or_else(|| format!("{workload}/{alloc}: no result line in {stdout:?}"))?;
+    let sample =
+        parse_result(&stdout).ok_or_else(|| fail(format!("no result line in {stdout:?}")))?;
     Ok((sample, stderr))
 }
 
@@ -79,7 +106,13 @@ pub fn main(opts: &Options, bins: &Bins) -> Result<(), String> {
             // same neighbour (caches, page cache, turbo state).
             for k in 0..n {
                 let alloc = opts.allocators[(round + k) % n];
-                match run_one(bins, alloc, w.name, opts.scale) {
+                match run_one(
+                    bins,
+                    alloc,
+                    w.name,
+                    opts.scale,
+                    Duration::from_secs(opts.timeout_s),
+                ) {
                     Ok((s, stderr)) => {
                         line += &format!(" {alloc} {:.0}ms", s.ms);
                         for note in stderr.lines().filter_map(|l| l.strip_prefix("warning: ")) {
