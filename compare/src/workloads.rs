@@ -261,7 +261,7 @@ fn collections(scale: f64) -> u64 {
 fn prodcons(scale: f64) -> u64 {
     const BATCH: usize = 256;
     let batches = scaled(36_000, scale);
-    let (tx, rx) = mpsc::sync_channel::<Vec<Box<[u8]>>>(8);
+    let (tx, rx) = mpsc::sync_channel::<Vec<Box<[u8]>>>(64);
     let producer = thread::spawn(move || {
         let mut rng = Rng::new(0x9D0C);
         for b in 0..batches {

@@ -72,7 +72,7 @@ fn ms(m: f64) -> String {
     }
 }
 
-/// A table of one time metric: median and spread per allocator, and tagalloc's ratio to the
+/// A table of one time metric: median and median absolute deviation per allocator, and tagalloc's ratio to the
 /// faster of mimalloc and jemalloc, with the geometric mean of the ratios as the last row.
 fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> String {
     let allocs = &opts.allocators;
@@ -97,13 +97,10 @@ fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> 
                 None => "FAILED".into(),
                 Some(xs) => {
                     let m = median(xs.clone());
-                    let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
-                    let hi = xs.iter().copied().fold(0.0, f64::max);
-                    let spread = if m > 0.0 {
-                        (hi - lo) / 2.0 / m * 100.0
-                    } else {
-                        0.0
-                    };
+                    // Median absolute deviation: one disturbed run out of five does not
+                    // move it, unlike the min-max range.
+                    let mad = median(xs.iter().map(|x| (x - m).abs()).collect());
+                    let spread = if m > 0.0 { mad / m * 100.0 } else { 0.0 };
                     format!("{} ±{spread:.0}%", ms(m))
                 }
             });
@@ -149,10 +146,10 @@ pub fn render(opts: &Options, results: &Results, version: &str) -> String {
         out += &format!("**Note — {note}**\n\n");
     }
 
-    out += "## Wall time (median ms; ± is half the min–max spread as % of the median)\n\n";
+    out += "## Wall time (median ms ± median absolute deviation, as % of the median)\n\n";
     out += &time_table(opts, results, |s| s.ms);
     out += "\nRatio above 1: tagalloc is slower than the faster of mimalloc and jemalloc.\n\n";
-    out += "## CPU time, user + system, all threads (median ms)\n\n";
+    out += "## CPU time, user + system, all threads (median ms ± median absolute deviation %)\n\n";
     out += "Less disturbed than wall time when the machine is shared; it includes spinning and \
             cache contention but not waiting.\n\n";
     out += &time_table(opts, results, |s| s.cpu_ms);
