@@ -1,10 +1,10 @@
 //! HPHA: Dimitar Lazarov's High Performance Heap Allocator, as O3DE's AzCore uses it.
 //!
 //! Two heaps behind one interface, chosen by the layout of each request:
-//! - [`small`]: requests up to 4 KiB (after rounding up to their alignment) come from
+//! - `small`: requests up to 4 KiB (after rounding up to their alignment) come from
 //!   size-class pages whose header is found by masking the address;
-//! - [`large`]: everything else comes from chunks managed with a red-black tree of free
-//!   blocks ([`tree`]), best fit with splitting and immediate coalescing, or from a mapping of
+//! - `large`: everything else comes from chunks managed with a red-black tree of free
+//!   blocks (`tree`), best fit with splitting and immediate coalescing, or from a mapping of
 //!   its own when very large or very aligned.
 //!
 //! Rust hands the layout back on free, so the class of a small block is computed, not read
