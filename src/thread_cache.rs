@@ -27,7 +27,7 @@ use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
 use crate::sync::SpinLock;
 use core::cell::{Cell, UnsafeCell};
 use core::ptr::{self, null_mut};
-use core::sync::atomic::{AtomicIsize, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
 
 /// The process-wide heap behind `SystemAllocator` and the thread caches.
 pub(crate) static HEAP: HphaSchema<OsAllocator> = HphaSchema::new(OsAllocator);
@@ -66,72 +66,73 @@ struct Bin {
     limit: u32,
 }
 
-/// Per-class live counts and call totals of one thread (or of the exited threads).
+/// Per-class allocation and free counts of one thread (or of the exited threads). Live
+/// blocks are their difference, so each operation bumps one counter.
 pub(crate) struct Counters {
-    live: [AtomicIsize; CLASS_COUNT],
-    allocations: AtomicU64,
-    frees: AtomicU64,
+    allocations: [AtomicU64; CLASS_COUNT],
+    frees: [AtomicU64; CLASS_COUNT],
 }
 
 impl Counters {
     const fn new() -> Self {
         Self {
-            live: [const { AtomicIsize::new(0) }; CLASS_COUNT],
-            allocations: AtomicU64::new(0),
-            frees: AtomicU64::new(0),
+            allocations: [const { AtomicU64::new(0) }; CLASS_COUNT],
+            frees: [const { AtomicU64::new(0) }; CLASS_COUNT],
         }
     }
 
     /// Counts an allocation; only the owning thread writes, so a load and a store suffice.
+    ///
+    /// # Safety
+    /// `class < CLASS_COUNT`.
     #[inline(always)]
-    fn owner_alloc(&self, class: usize) {
-        let live = &self.live[class];
-        live.store(live.load(Relaxed) + 1, Relaxed);
-        self.allocations
-            .store(self.allocations.load(Relaxed) + 1, Relaxed);
+    unsafe fn owner_alloc(&self, class: usize) {
+        // SAFETY: forwarded from the caller.
+        let n = unsafe { self.allocations.get_unchecked(class) };
+        n.store(n.load(Relaxed) + 1, Relaxed);
     }
 
+    /// # Safety
+    /// `class < CLASS_COUNT`.
     #[inline(always)]
-    fn owner_free(&self, class: usize) {
-        let live = &self.live[class];
-        live.store(live.load(Relaxed) - 1, Relaxed);
-        self.frees.store(self.frees.load(Relaxed) + 1, Relaxed);
+    unsafe fn owner_free(&self, class: usize) {
+        // SAFETY: forwarded from the caller.
+        let n = unsafe { self.frees.get_unchecked(class) };
+        n.store(n.load(Relaxed) + 1, Relaxed);
     }
 
     /// Counts from any thread (for the shared counters of exited or cache-less threads).
     fn shared_alloc(&self, class: usize) {
-        self.live[class].fetch_add(1, Relaxed);
-        self.allocations.fetch_add(1, Relaxed);
+        self.allocations[class].fetch_add(1, Relaxed);
     }
 
     fn shared_free(&self, class: usize) {
-        self.live[class].fetch_sub(1, Relaxed);
-        self.frees.fetch_add(1, Relaxed);
+        self.frees[class].fetch_add(1, Relaxed);
     }
 
     /// Moves these counts into `into` and zeroes them.
     fn move_into(&self, into: &Counters) {
-        for (mine, theirs) in self.live.iter().zip(&into.live) {
-            theirs.fetch_add(mine.swap(0, Relaxed), Relaxed);
+        for class in 0..CLASS_COUNT {
+            into.allocations[class].fetch_add(self.allocations[class].swap(0, Relaxed), Relaxed);
+            into.frees[class].fetch_add(self.frees[class].swap(0, Relaxed), Relaxed);
         }
-        into.allocations
-            .fetch_add(self.allocations.swap(0, Relaxed), Relaxed);
-        into.frees.fetch_add(self.frees.swap(0, Relaxed), Relaxed);
     }
 
     fn add_to(&self, totals: &mut FrontTotals) {
-        for (sum, live) in totals.live.iter_mut().zip(&self.live) {
-            *sum += live.load(Relaxed);
+        for class in 0..CLASS_COUNT {
+            let allocated = self.allocations[class].load(Relaxed);
+            let freed = self.frees[class].load(Relaxed);
+            totals.live[class] += allocated as i64 - freed as i64;
+            totals.allocations += allocated;
+            totals.frees += freed;
         }
-        totals.allocations += self.allocations.load(Relaxed);
-        totals.frees += self.frees.load(Relaxed);
     }
 }
 
 /// What the program holds in small blocks, summed over every thread.
 pub(crate) struct FrontTotals {
     /// Live blocks per class.
-    pub live: [isize; CLASS_COUNT],
+    pub live: [i64; CLASS_COUNT],
     pub allocations: u64,
     pub frees: u64,
 }
