@@ -4,6 +4,7 @@
 #![cfg_attr(feature = "nightly", feature(allocator_api))]
 
 // The hierarchy, bottom to top: the OS layer, the schemas (algorithms), the allocators.
+pub mod config;
 mod fatal;
 pub mod os;
 pub mod schema;

@@ -50,6 +50,21 @@ impl SystemAllocator {
         }
     }
 
+    /// Sets how long free memory stays mapped before it goes back to the OS: `Some(d)`
+    /// returns memory idle for at least `d` (checked on the allocator's slow paths),
+    /// `Some(Duration::ZERO)` as soon as possible, `None` only on
+    /// [`garbage_collect`](Self::garbage_collect). Overrides `TAGALLOC_PURGE_DELAY_MS`;
+    /// the default is [`DEFAULT_PURGE_DELAY_MS`](crate::config::DEFAULT_PURGE_DELAY_MS).
+    pub fn set_purge_delay(&self, delay: Option<core::time::Duration>) {
+        thread_cache::set_purge_delay(delay);
+    }
+
+    /// The purge delay in force (after the environment has been read).
+    pub fn purge_delay(&self) -> Option<core::time::Duration> {
+        thread_cache::apply_environment_once();
+        HEAP.purge_delay()
+    }
+
     /// Threads that currently have a cache (threads that allocated and have not exited).
     pub fn cached_threads(&self) -> usize {
         thread_cache::registered_threads()
@@ -108,17 +123,24 @@ unsafe impl GlobalAlloc for SystemAllocator {
                 }
                 p
             }
-            None => match HEAP
-                .large_heap()
-                .allocate(layout.size(), layout.align(), HEAP.source())
-            {
-                // SAFETY: past `dirty_prefix` the block already reads as zero.
-                Some(g) => unsafe {
-                    g.ptr.write_bytes(0, g.dirty_prefix.min(layout.size()));
-                    g.ptr
-                },
-                None => ptr::null_mut(),
-            },
+            None => {
+                thread_cache::apply_environment_once();
+                let grant = HEAP.large_heap().allocate(
+                    layout.size(),
+                    layout.align(),
+                    HEAP.source(),
+                    HEAP.stamp(),
+                );
+                HEAP.after_slow_path();
+                match grant {
+                    // SAFETY: past `dirty_prefix` the block already reads as zero.
+                    Some(g) => unsafe {
+                        g.ptr.write_bytes(0, g.dirty_prefix.min(layout.size()));
+                        g.ptr
+                    },
+                    None => ptr::null_mut(),
+                }
+            }
         }
     }
 
@@ -140,10 +162,12 @@ unsafe impl GlobalAlloc for SystemAllocator {
             (Some(a), Some(b)) if a == b => return ptr,
             (None, None) => {
                 // SAFETY: `ptr` is a live large block allocated with `align`.
-                if let Some((p, _)) = unsafe {
+                let resized = unsafe {
                     HEAP.large_heap()
-                        .resize(ptr, new_size, align, HEAP.source())
-                } {
+                        .resize(ptr, new_size, align, HEAP.source(), HEAP.stamp())
+                };
+                HEAP.after_slow_path();
+                if let Some((p, _)) = resized {
                     return p;
                 }
             }
@@ -174,12 +198,19 @@ fn small_fast_class(layout: Layout) -> Option<usize> {
 /// Allocation for any layout; kept out of line so the fast path needs no stack frame.
 #[inline(never)]
 fn alloc_any(layout: Layout) -> *mut u8 {
+    thread_cache::apply_environment_once();
     match class_for(layout.size(), layout.align()) {
         Some(class) => thread_cache::allocate(class),
-        None => HEAP
-            .large_heap()
-            .allocate(layout.size(), layout.align(), HEAP.source())
-            .map_or(ptr::null_mut(), |g| g.ptr),
+        None => {
+            let grant = HEAP.large_heap().allocate(
+                layout.size(),
+                layout.align(),
+                HEAP.source(),
+                HEAP.stamp(),
+            );
+            HEAP.after_slow_path();
+            grant.map_or(ptr::null_mut(), |g| g.ptr)
+        }
     }
 }
 
@@ -193,7 +224,11 @@ unsafe fn dealloc_any(ptr: *mut u8, layout: Layout) {
     unsafe {
         match class_for(layout.size(), layout.align()) {
             Some(class) => thread_cache::free(ptr, class),
-            None => HEAP.large_heap().free(ptr, HEAP.source()),
+            None => {
+                HEAP.large_heap()
+                    .free(ptr, HEAP.source(), HEAP.stamp(), HEAP.retain_empty());
+                HEAP.after_slow_path();
+            }
         }
     }
 }

@@ -20,6 +20,7 @@
 //! `fork()`: handlers registered with `pthread_atfork` take every heap lock before the fork
 //! and release them after, and the child adopts the caches of the threads it lost.
 
+use crate::config;
 use crate::os::OsAllocator;
 use crate::schema::HphaSchema;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
@@ -27,7 +28,7 @@ use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
 use crate::sync::SpinLock;
 use core::cell::{Cell, UnsafeCell};
 use core::ptr::{self, null_mut};
-use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
 
 /// The process-wide heap behind `SystemAllocator` and the thread caches.
 pub(crate) static HEAP: HphaSchema<OsAllocator> = HphaSchema::new(OsAllocator);
@@ -231,6 +232,7 @@ impl ThreadCache {
         let bin = unsafe { self.bin(class) };
         let want = (bin.limit as usize / 2).max(1);
         let (head, got) = small.take_slots(class, want, HEAP.source());
+        HEAP.after_slow_path();
         if got == 0 {
             return null_mut();
         }
@@ -270,7 +272,8 @@ impl ThreadCache {
         }
         if self.state.get() == STATE_DEAD {
             // SAFETY: the block was checked by `free` and is now free and ours.
-            unsafe { HEAP.small_heap().return_slots(class, slot, 1) };
+            unsafe { HEAP.small_heap().return_slots(class, slot, 1, HEAP.stamp()) };
+            HEAP.after_slow_path();
             ORPHANS.shared_free(class);
             return;
         }
@@ -295,7 +298,8 @@ impl ThreadCache {
                 };
                 bin.count -= rest_count;
                 HEAP.small_heap()
-                    .return_slots(class, rest, rest_count as usize);
+                    .return_slots(class, rest, rest_count as usize, HEAP.stamp());
+                HEAP.after_slow_path();
             }
             (*slot).next = bin.head;
             bin.head = slot;
@@ -314,8 +318,12 @@ impl ThreadCache {
             unsafe {
                 let bin = self.bin(class);
                 if bin.count > 0 {
-                    HEAP.small_heap()
-                        .return_slots(class, bin.head, bin.count as usize);
+                    HEAP.small_heap().return_slots(
+                        class,
+                        bin.head,
+                        bin.count as usize,
+                        HEAP.stamp(),
+                    );
                 }
                 bin.head = null_mut();
                 bin.count = 0;
@@ -327,6 +335,7 @@ impl ThreadCache {
     /// cache is marked dead and the thread runs without one.
     #[cold]
     fn register(&self) {
+        apply_environment_once();
         let Some(key) = process_hooks() else {
             self.state.set(STATE_DEAD);
             return;
@@ -453,6 +462,21 @@ pub(crate) fn registered_threads() -> usize {
 pub(crate) fn flush_current_thread() {
     // SAFETY: the cache is this thread's own.
     CACHE.with(|tc| unsafe { tc.flush_all() });
+}
+
+/// Applies the environment's settings to the global heap the first time it is called.
+#[inline]
+pub(crate) fn apply_environment_once() {
+    if !ENV_APPLIED.load(Relaxed) && !ENV_APPLIED.swap(true, Relaxed) {
+        HEAP.set_purge_delay(config::purge_delay_from_env());
+    }
+}
+static ENV_APPLIED: AtomicBool = AtomicBool::new(false);
+
+/// Sets the global heap's purge delay from code; overrides the environment.
+pub(crate) fn set_purge_delay(delay: config::PurgeDelay) {
+    ENV_APPLIED.store(true, Relaxed);
+    HEAP.set_purge_delay(delay);
 }
 
 // ---- Process hooks: the thread-exit key and fork handlers, set up once. ----

@@ -36,7 +36,9 @@ fn round(threads: usize, shared: &Arc<Mutex<Vec<Box<[u8]>>>>) {
 
 fn main() {
     let shared: Arc<Mutex<Vec<Box<[u8]>>>> = Arc::new(Mutex::new(Vec::new()));
-    thread::spawn(|| println!("thread_churn: warm-up")).join().unwrap();
+    thread::spawn(|| println!("thread_churn: warm-up"))
+        .join()
+        .unwrap();
     round(8, &shared);
     shared.lock().unwrap().clear();
     let threads_before = GLOBAL.cached_threads();

@@ -13,6 +13,7 @@
 //! Locking: one lock per class, padded to its own cache line, so different classes never
 //! contend; the pool has its own lock, always taken after a class lock.
 
+use super::purge::Cutoff;
 use super::size_class::{CLASS_COUNT, class_size};
 use crate::fatal::fatal;
 use crate::os::PageSource;
@@ -60,6 +61,8 @@ pub(crate) struct PageHeader {
     in_partial: bool,
     /// Whether the page body was purged since it last served a class.
     purged: bool,
+    /// Purge epoch at which the page last became empty.
+    idle_since: u64,
     /// Slots handed out and not yet freed.
     used: u32,
     /// Slots in the page for its class.
@@ -75,6 +78,8 @@ pub(crate) struct PageHeader {
     seg_used: u32,
     /// Pages of this segment carved so far (the rest were never touched).
     seg_carved: u32,
+    /// Purge epoch at which the last page of this segment went back to the pool.
+    seg_idle_since: u64,
     /// One bit per slot: set while the slot is live (checked builds only).
     live: [AtomicU64; BITMAP_WORDS],
 }
@@ -256,19 +261,25 @@ impl PagePool {
         }
     }
 
-    /// Takes back an empty page.
-    unsafe fn return_page(&mut self, page: *mut PageHeader) {
+    /// Takes back an empty page, stamped with the purge epoch `stamp`.
+    unsafe fn return_page(&mut self, page: *mut PageHeader, stamp: u64) {
         // SAFETY: `page` is a valid empty header of a live segment; pool lock held.
         unsafe {
             (*page).marker = 0;
             (*page).class = NO_CLASS;
-            (*segment_of(page)).seg_used -= 1;
+            (*page).idle_since = stamp;
+            let seg = segment_of(page);
+            (*seg).seg_used -= 1;
+            if (*seg).seg_used == 0 {
+                (*seg).seg_idle_since = stamp;
+            }
             self.push_free(page);
         }
     }
 
-    /// Unmaps segments with no page in use; purges the bodies of other free pages.
-    fn collect(&mut self, source: &impl PageSource) {
+    /// Unmaps segments with no page in use and purges the bodies of other free pages, if
+    /// they have been idle since before `cut`.
+    fn collect(&mut self, cut: Cutoff, source: &impl PageSource) {
         let granule = source.granularity();
         // SAFETY: all headers reached are in live segments owned by this pool; a segment is
         // unmapped only after all its pages have been unlinked from the free list.
@@ -276,7 +287,7 @@ impl PagePool {
             let mut seg = self.segments;
             while !seg.is_null() {
                 let next_seg = (*seg).seg_next;
-                if (*seg).seg_used == 0 {
+                if (*seg).seg_used == 0 && cut.covers((*seg).seg_idle_since) {
                     for i in 0..(*seg).seg_carved as usize {
                         self.unlink_free(seg.byte_add(i * PAGE_SIZE));
                     }
@@ -301,7 +312,7 @@ impl PagePool {
             let body = HEADER_SPACE.next_multiple_of(granule);
             let mut page = self.free;
             while !page.is_null() {
-                if !(*page).purged && body < PAGE_SIZE {
+                if !(*page).purged && body < PAGE_SIZE && cut.covers((*page).idle_since) {
                     (*page).purged = source.purge(page.cast::<u8>().add(body), PAGE_SIZE - body);
                 }
                 page = (*page).next;
@@ -440,19 +451,26 @@ impl SmallHeap {
         (head, got)
     }
 
-    /// Gives back `count` slots of `class`, linked from `head` through their first word.
+    /// Gives back `count` slots of `class`, linked from `head` through their first word;
+    /// pages that become empty are stamped with the purge epoch `stamp`.
     ///
     /// # Safety
     /// Each slot must have come from [`SmallHeap::take_slots`] of this heap and class and be
     /// free (nobody uses it). A slot whose page does not match aborts with a message.
-    pub(crate) unsafe fn return_slots(&self, class: usize, head: *mut FreeSlot, count: usize) {
+    pub(crate) unsafe fn return_slots(
+        &self,
+        class: usize,
+        head: *mut FreeSlot,
+        count: usize,
+        stamp: u64,
+    ) {
         let mut st = self.classes[class].0.lock();
         let mut slot = head;
         for _ in 0..count {
             // SAFETY: the slot is free and ours to relink (caller's contract).
             unsafe {
                 let next = (*slot).next;
-                self.return_one(&mut st, slot, class);
+                self.return_one(&mut st, slot, class, stamp);
                 slot = next;
             }
         }
@@ -462,7 +480,13 @@ impl SmallHeap {
 
     /// Puts one slot back into its page. Class lock held by the caller.
     #[inline]
-    unsafe fn return_one(&self, st: &mut ClassState, slot: *mut FreeSlot, class: usize) {
+    unsafe fn return_one(
+        &self,
+        st: &mut ClassState,
+        slot: *mut FreeSlot,
+        class: usize,
+        stamp: u64,
+    ) {
         let page = page_of(slot.cast());
         // SAFETY: for a valid slot the page is a live class page; the class lock is held.
         unsafe {
@@ -475,10 +499,13 @@ impl SmallHeap {
                 st.push_partial(page);
             }
             (*page).used -= 1;
-            if (*page).used == 0 && st.partial_count > 1 {
-                st.unlink_partial(page);
-                st.pages -= 1;
-                self.pool.lock().return_page(page);
+            if (*page).used == 0 {
+                (*page).idle_since = stamp;
+                if st.partial_count > 1 {
+                    st.unlink_partial(page);
+                    st.pages -= 1;
+                    self.pool.lock().return_page(page, stamp);
+                }
             }
         }
     }
@@ -500,16 +527,17 @@ impl SmallHeap {
     /// `ptr` must have come from [`SmallHeap::allocate`] with the same `class` and not have
     /// been freed since. Misuse that can be seen cheaply (wrong class, not a small block, and
     /// in checked builds a double free or an interior pointer) aborts with a message.
-    pub(crate) unsafe fn free(&self, ptr: *mut u8, class: usize) {
+    pub(crate) unsafe fn free(&self, ptr: *mut u8, class: usize, stamp: u64) {
         // SAFETY: forwarded from the caller; after the check the slot is free and ours.
         unsafe {
             check_free(ptr, class);
-            self.return_slots(class, ptr.cast(), 1);
+            self.return_slots(class, ptr.cast(), 1, stamp);
         }
     }
 
-    /// Returns empty class pages to the pool, then unmaps or purges pooled memory.
-    pub(crate) fn garbage_collect(&self, source: &impl PageSource) {
+    /// Returns empty class pages idle since before `cut` to the pool, then unmaps or purges
+    /// pooled memory idle since before `cut`.
+    pub(crate) fn purge(&self, cut: Cutoff, stamp: u64, source: &impl PageSource) {
         for class in &self.classes {
             let mut st = class.0.lock();
             let mut page = st.partial;
@@ -517,16 +545,17 @@ impl SmallHeap {
             unsafe {
                 while !page.is_null() {
                     let next = (*page).next;
-                    if (*page).used == 0 {
+                    if (*page).used == 0 && cut.covers((*page).idle_since) {
                         st.unlink_partial(page);
                         st.pages -= 1;
-                        self.pool.lock().return_page(page);
+                        let idle = (*page).idle_since.min(stamp);
+                        self.pool.lock().return_page(page, idle);
                     }
                     page = next;
                 }
             }
         }
-        self.pool.lock().collect(source);
+        self.pool.lock().collect(cut, source);
     }
 
     /// Takes every lock of the small heap (before `fork()`).
