@@ -4,3 +4,4 @@
 #![cfg_attr(feature = "nightly", feature(allocator_api))]
 
 pub mod os;
+pub mod virtual_block;
