@@ -184,7 +184,7 @@ impl<U> VirtualBlock<U> {
             }
             let s = &self.slots[slot as usize];
             let Some(live) = &s.live else { continue };
-            let mask = (1u64 << live.align_log2) - 1;
+            let mask = (1u64 << (live.align_log2_plus_one.get() - 1)) - 1;
             let found = free
                 .iter()
                 .enumerate()
@@ -199,6 +199,7 @@ impl<U> VirtualBlock<U> {
                 offset: src,
                 slot,
                 generation: s.generation,
+                node: live.node,
                 block: self.id,
             };
             let reserved = t.take(node, at, size, NodeKind::Reserved(index));
@@ -261,6 +262,7 @@ impl<U> VirtualBlock<U> {
             offset: live.offset,
             slot: slot as u32,
             generation: s.generation,
+            node: p.node,
             block: self.id,
         })
     }

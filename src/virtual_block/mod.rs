@@ -54,7 +54,7 @@ mod tests;
 mod tlsf;
 
 use std::fmt;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU8, NonZeroU32};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use defrag::{DefragLimits, Move};
@@ -192,6 +192,9 @@ pub struct Alloc {
     offset: u64,
     slot: u32,
     generation: u32,
+    /// The TLSF node (NIL for linear blocks). The slot records it too; carrying it here lets
+    /// `free` fetch the node and the slot at the same time instead of one after the other.
+    node: u32,
     block: NonZeroU32,
 }
 
@@ -360,7 +363,8 @@ struct Live<U> {
     size: u64,
     /// The TLSF node (unused by the linear algorithm).
     node: u32,
-    align_log2: u8,
+    /// log2(alignment) + 1; non-zero so that `Option<Live>` needs no extra tag word.
+    align_log2_plus_one: NonZeroU8,
     tag: Option<Tag>,
     name: Option<Box<str>>,
     user: U,
@@ -378,6 +382,11 @@ struct Slot<U> {
 enum Engine {
     Tlsf(Tlsf),
     Linear(Linear),
+}
+
+/// Encodes a power-of-two alignment for [`Live`].
+fn align_code(align: u64) -> NonZeroU8 {
+    NonZeroU8::MIN.saturating_add(align.trailing_zeros() as u8)
 }
 
 /// The slot index of a live handle of block `id`, or why it is not one.
@@ -517,6 +526,9 @@ impl<U> VirtualBlock<U> {
                 if req.upper {
                     return Err(Error::UpperAddressNotLinear);
                 }
+                if !t.has_room() {
+                    return Err(Error::TooManyAllocations);
+                }
                 match t.find(req.size, req.align, req.strategy) {
                     Some((i, at)) => (t.take(i, at, req.size, NodeKind::Used(slot)), at),
                     None => return Err(self.out_of_space(req)),
@@ -532,7 +544,7 @@ impl<U> VirtualBlock<U> {
             offset,
             size: req.size,
             node,
-            align_log2: req.align.trailing_zeros() as u8,
+            align_log2_plus_one: align_code(req.align),
             tag: req.tag,
             name: req.name.map(Box::from),
             user,
@@ -556,6 +568,7 @@ impl<U> VirtualBlock<U> {
             offset,
             slot,
             generation,
+            node,
             block: self.id,
         })
     }
@@ -595,7 +608,11 @@ impl<U> VirtualBlock<U> {
         slot.next_free = self.free_slot;
         self.free_slot = i as u32;
         match &mut self.engine {
-            Engine::Tlsf(t) => t.release(live.node),
+            Engine::Tlsf(t) => {
+                // Handles are only made here and by `commit_move`, always with the slot's node.
+                debug_assert_eq!(a.node, live.node);
+                t.release(a.node)
+            }
             Engine::Linear(l) => {
                 let found = l.free(live.offset, i as u32);
                 debug_assert!(found, "linear entry missing for a live handle");
@@ -666,7 +683,7 @@ impl<U> VirtualBlock<U> {
             handle,
             offset: l.offset,
             size: l.size,
-            align: 1 << l.align_log2,
+            align: 1 << (l.align_log2_plus_one.get() - 1),
             tag: l.tag,
             name: l.name.as_deref(),
             user: &l.user,
@@ -708,6 +725,7 @@ impl<U> VirtualBlock<U> {
             offset: l.offset,
             slot,
             generation: s.generation,
+            node: l.node,
             block: self.id,
         };
         Some(self.info_of(handle, l))

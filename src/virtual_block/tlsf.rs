@@ -40,16 +40,52 @@ pub(crate) enum NodeKind {
     Vacant,
 }
 
+/// `prev_free` of a node that is not free says what it is instead (VMA encodes "taken" in the
+/// same field); `next_free` then holds the owner number or the next vacant node. Node indices
+/// stay below these values, so a node is 32 bytes: two per cache line.
+const VACANT: u32 = u32::MAX - 3;
+const RESERVED: u32 = u32::MAX - 2;
+const USED: u32 = u32::MAX - 1;
+/// Nodes an arena may hold (indices below the markers above).
+pub(crate) const MAX_NODES: usize = VACANT as usize;
+
 #[derive(Clone, Debug)]
 struct Node {
     offset: u64,
     size: u64,
     prev_phys: u32,
     next_phys: u32,
-    /// Free-list links while `Free`; `next_free` also chains `Vacant` nodes.
+    /// Free: the previous node of its list (or NIL). Otherwise `VACANT`, `RESERVED` or `USED`.
     prev_free: u32,
+    /// Free: the next node of its list. Otherwise the owner number or next vacant node.
     next_free: u32,
-    kind: NodeKind,
+}
+
+impl Node {
+    #[inline]
+    fn is_free(&self) -> bool {
+        !(VACANT..NIL).contains(&self.prev_free)
+    }
+
+    #[inline]
+    fn kind(&self) -> NodeKind {
+        match self.prev_free {
+            VACANT => NodeKind::Vacant,
+            RESERVED => NodeKind::Reserved(self.next_free),
+            USED => NodeKind::Used(self.next_free),
+            _ => NodeKind::Free,
+        }
+    }
+
+    /// Marks a node taken by `kind` (`Used` or `Reserved`).
+    #[inline]
+    fn set_taken(&mut self, kind: NodeKind) {
+        (self.prev_free, self.next_free) = match kind {
+            NodeKind::Used(slot) => (USED, slot),
+            NodeKind::Reserved(m) => (RESERVED, m),
+            NodeKind::Free | NodeKind::Vacant => unreachable!("not a taken kind"),
+        };
+    }
 }
 
 /// The list a free block of `size` belongs in (rounding down).
@@ -157,6 +193,12 @@ impl Tlsf {
         t
     }
 
+    /// Whether two more nodes (one allocation's padding and rest) fit in the arena.
+    #[inline]
+    pub(crate) fn has_room(&self) -> bool {
+        self.nodes.len() + 2 < MAX_NODES
+    }
+
     pub(crate) fn totals(&self) -> FreeTotals {
         self.totals
     }
@@ -181,8 +223,9 @@ impl Tlsf {
             self.nodes[i as usize] = node;
             i
         } else {
+            // The block refuses allocations before the arena reaches MAX_NODES.
+            debug_assert!(self.nodes.len() < MAX_NODES);
             let i = self.nodes.len() as u32;
-            assert!(i != NIL, "virtual block: more than 2^32 - 1 regions");
             self.nodes.push(node);
             i
         }
@@ -190,7 +233,7 @@ impl Tlsf {
 
     fn recycle(&mut self, i: u32) {
         let n = &mut self.nodes[i as usize];
-        n.kind = NodeKind::Vacant;
+        n.prev_free = VACANT;
         n.next_free = self.vacant;
         self.vacant = i;
     }
@@ -204,7 +247,6 @@ impl Tlsf {
         let head = self.heads[li];
         {
             let n = &mut self.nodes[i as usize];
-            n.kind = NodeKind::Free;
             n.prev_free = NIL;
             n.next_free = head;
         }
@@ -222,7 +264,7 @@ impl Tlsf {
     fn unlink_free(&mut self, i: u32) {
         let (size, prev, next) = {
             let n = &self.nodes[i as usize];
-            debug_assert_eq!(n.kind, NodeKind::Free);
+            debug_assert!(n.is_free());
             (n.size, n.prev_free, n.next_free)
         };
         if prev != NIL {
@@ -399,7 +441,6 @@ impl Tlsf {
                 next_phys: i,
                 prev_free: NIL,
                 next_free: NIL,
-                kind: NodeKind::Free,
             });
             if prev != NIL {
                 self.nodes[prev as usize].next_phys = p;
@@ -417,7 +458,6 @@ impl Tlsf {
                 next_phys: next,
                 prev_free: NIL,
                 next_free: NIL,
-                kind: NodeKind::Free,
             });
             if next != NIL {
                 self.nodes[next as usize].prev_phys = r;
@@ -430,18 +470,18 @@ impl Tlsf {
         let n = &mut self.nodes[i as usize];
         n.offset = at;
         n.size = size;
-        n.kind = kind;
+        n.set_taken(kind);
         i
     }
 
     /// Returns taken node `i` to the free space, merging it with free neighbours (O(1)).
     pub(crate) fn release(&mut self, i: u32) {
         debug_assert!(matches!(
-            self.nodes[i as usize].kind,
+            self.nodes[i as usize].kind(),
             NodeKind::Used(_) | NodeKind::Reserved(_)
         ));
         let prev = self.nodes[i as usize].prev_phys;
-        if prev != NIL && self.nodes[prev as usize].kind == NodeKind::Free {
+        if prev != NIL && self.nodes[prev as usize].is_free() {
             self.unlink_free(prev);
             let (p_off, p_size, p_prev) = {
                 let p = &self.nodes[prev as usize];
@@ -459,7 +499,7 @@ impl Tlsf {
             self.recycle(prev);
         }
         let next = self.nodes[i as usize].next_phys;
-        if next != NIL && self.nodes[next as usize].kind == NodeKind::Free {
+        if next != NIL && self.nodes[next as usize].is_free() {
             self.unlink_free(next);
             let (n_size, n_next) = {
                 let x = &self.nodes[next as usize];
@@ -481,16 +521,16 @@ impl Tlsf {
     /// Changes who owns taken node `i` (used when a defragmentation move is committed).
     pub(crate) fn set_kind(&mut self, i: u32, kind: NodeKind) {
         debug_assert!(!matches!(
-            self.nodes[i as usize].kind,
+            self.nodes[i as usize].kind(),
             NodeKind::Free | NodeKind::Vacant
         ));
-        self.nodes[i as usize].kind = kind;
+        self.nodes[i as usize].set_taken(kind);
     }
 
     pub(crate) fn kind(&self, i: u32) -> NodeKind {
         self.nodes
             .get(i as usize)
-            .map_or(NodeKind::Vacant, |n| n.kind)
+            .map_or(NodeKind::Vacant, Node::kind)
     }
 
     pub(crate) fn prev_phys(&self, i: u32) -> u32 {
@@ -517,7 +557,7 @@ impl Tlsf {
         }
         let old = self.capacity;
         self.capacity = capacity;
-        if self.last != NIL && self.nodes[self.last as usize].kind == NodeKind::Free {
+        if self.last != NIL && self.nodes[self.last as usize].is_free() {
             let l = self.last;
             self.unlink_free(l);
             self.nodes[l as usize].size += extra;
@@ -532,7 +572,6 @@ impl Tlsf {
             next_phys: NIL,
             prev_free: NIL,
             next_free: NIL,
-            kind: NodeKind::Free,
         });
         if prev != NIL {
             self.nodes[prev as usize].next_phys = n;
@@ -594,7 +633,7 @@ impl Tlsf {
             let i = cur;
             let n = &self.nodes[i as usize];
             cur = n.next_phys;
-            Some((i, n.offset, n.size, n.kind))
+            Some((i, n.offset, n.size, n.kind()))
         })
     }
 
@@ -627,7 +666,7 @@ impl Tlsf {
             if n.size == 0 {
                 return Err(format!("node {cur}: zero size"));
             }
-            let free = match n.kind {
+            let free = match n.kind() {
                 NodeKind::Free => true,
                 NodeKind::Used(_) | NodeKind::Reserved(_) => false,
                 NodeKind::Vacant => return Err(format!("node {cur}: vacant node in the block")),
@@ -691,7 +730,7 @@ impl Tlsf {
                 let mut p = NIL;
                 while j != NIL {
                     let n = &self.nodes[j as usize];
-                    if n.kind != NodeKind::Free || bin_down(n.size) != (fl, sl) {
+                    if !n.is_free() || bin_down(n.size) != (fl, sl) {
                         return Err(format!("node {j} in list ({fl},{sl}) does not belong"));
                     }
                     if n.prev_free != p {
@@ -715,7 +754,7 @@ impl Tlsf {
         let mut vacant = 0usize;
         let mut v = self.vacant;
         while v != NIL {
-            if self.nodes[v as usize].kind != NodeKind::Vacant {
+            if self.nodes[v as usize].kind() != NodeKind::Vacant {
                 return Err(format!("node {v} on the vacant chain is in use"));
             }
             vacant += 1;
@@ -746,8 +785,8 @@ impl Iterator for TakenIter<'_> {
         while self.next != NIL {
             let n = &self.tlsf.nodes[self.next as usize];
             self.next = n.next_phys;
-            if n.kind != NodeKind::Free {
-                return Some((n.offset, n.size, n.kind));
+            if !n.is_free() {
+                return Some((n.offset, n.size, n.kind()));
             }
         }
         None
