@@ -53,6 +53,7 @@ mod svg;
 mod tests;
 mod tlsf;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::num::{NonZeroU8, NonZeroU32};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -291,8 +292,10 @@ pub enum Error {
     StaleHandle,
     /// The handle, move or address belongs to another block.
     ForeignHandle,
-    /// More than `u32::MAX - 1` allocation slots.
+    /// More than `u32::MAX - 1` allocation slots (or TLSF regions).
     TooManyAllocations,
+    /// More than 65 535 distinct tags in one block.
+    TooManyTags,
     /// [`VirtualBlock::grow`] with a smaller size.
     CannotShrink {
         /// The block's size.
@@ -339,6 +342,7 @@ impl fmt::Display for Error {
             Error::StaleHandle => f.write_str("stale handle: the allocation is gone"),
             Error::ForeignHandle => f.write_str("handle from another block"),
             Error::TooManyAllocations => f.write_str("too many allocations"),
+            Error::TooManyTags => f.write_str("too many distinct tags in one block"),
             Error::CannotShrink {
                 capacity,
                 requested,
@@ -365,12 +369,17 @@ struct Live<U> {
     node: u32,
     /// log2(alignment) + 1; non-zero so that `Option<Live>` needs no extra tag word.
     align_log2_plus_one: NonZeroU8,
-    tag: Option<Tag>,
-    name: Option<Box<str>>,
+    /// Whether `VirtualBlock::names` has an entry for this slot.
+    named: bool,
+    /// Index + 1 into `VirtualBlock::tags`; 0 for untagged.
+    tag: u16,
     user: U,
 }
 
+/// A handle-table entry: 32 bytes for `U = ()` (names and tags live in side tables), aligned
+/// so that one never straddles two cache lines.
 #[derive(Debug)]
+#[repr(align(32))]
 struct Slot<U> {
     generation: u32,
     /// Next free slot while this one is free.
@@ -429,6 +438,10 @@ pub struct VirtualBlock<U = ()> {
     live_bytes: u64,
     defrag: defrag::DefragState,
     name: Option<Box<str>>,
+    /// Distinct tags in use, so that a slot stores a 2-byte index.
+    tags: Vec<Tag>,
+    /// Names of the allocations that have one, by slot (names are rare and cold).
+    names: HashMap<u32, Box<str>>,
 }
 
 impl<U> VirtualBlock<U> {
@@ -467,6 +480,8 @@ impl<U> VirtualBlock<U> {
             live_bytes: 0,
             defrag: defrag::DefragState::default(),
             name: None,
+            tags: Vec::new(),
+            names: HashMap::new(),
         }
     }
 
@@ -514,6 +529,7 @@ impl<U> VirtualBlock<U> {
         if !req.align.is_power_of_two() {
             return Err(Error::BadAlignment(req.align));
         }
+        let tag = self.tag_code(req.tag)?;
         let slot = if self.free_slot != NIL {
             self.free_slot
         } else if self.slots.len() < (NIL - 1) as usize {
@@ -545,8 +561,8 @@ impl<U> VirtualBlock<U> {
             size: req.size,
             node,
             align_log2_plus_one: align_code(req.align),
-            tag: req.tag,
-            name: req.name.map(Box::from),
+            named: req.name.is_some(),
+            tag,
             user,
         };
         let generation = if slot as usize == self.slots.len() {
@@ -562,6 +578,9 @@ impl<U> VirtualBlock<U> {
             s.live = Some(live);
             s.generation
         };
+        if let Some(name) = req.name {
+            self.names.insert(slot, name.into());
+        }
         self.live_count += 1;
         self.live_bytes += req.size;
         Ok(Alloc {
@@ -571,6 +590,25 @@ impl<U> VirtualBlock<U> {
             node,
             block: self.id,
         })
+    }
+
+    /// The slot code of a tag, adding it to the table when new.
+    #[inline]
+    fn tag_code(&mut self, tag: Option<Tag>) -> Result<u16, Error> {
+        let Some(tag) = tag else { return Ok(0) };
+        if let Some(i) = self.tags.iter().position(|&t| t == tag) {
+            return Ok(i as u16 + 1);
+        }
+        if self.tags.len() >= usize::from(u16::MAX) {
+            return Err(Error::TooManyTags);
+        }
+        self.tags.push(tag);
+        Ok(self.tags.len() as u16)
+    }
+
+    /// The tag of a slot code.
+    fn tag_of(&self, code: u16) -> Option<Tag> {
+        code.checked_sub(1).map(|i| self.tags[usize::from(i)])
     }
 
     #[cold]
@@ -618,6 +656,9 @@ impl<U> VirtualBlock<U> {
                 debug_assert!(found, "linear entry missing for a live handle");
             }
         }
+        if live.named {
+            self.names.remove(&(i as u32));
+        }
         self.live_count -= 1;
         self.live_bytes -= live.size;
         Ok(live.user)
@@ -638,6 +679,7 @@ impl<U> VirtualBlock<U> {
             Engine::Tlsf(t) => t.clear(),
             Engine::Linear(l) => l.clear(),
         }
+        self.names.clear();
         self.live_count = 0;
         self.live_bytes = 0;
         self.defrag.forget();
@@ -684,8 +726,12 @@ impl<U> VirtualBlock<U> {
             offset: l.offset,
             size: l.size,
             align: 1 << (l.align_log2_plus_one.get() - 1),
-            tag: l.tag,
-            name: l.name.as_deref(),
+            tag: self.tag_of(l.tag),
+            name: if l.named {
+                self.names.get(&handle.slot).map(|n| &**n)
+            } else {
+                None
+            },
             user: &l.user,
         }
     }
@@ -707,13 +753,20 @@ impl<U> VirtualBlock<U> {
 
     /// Renames an allocation (`None` removes the name).
     pub fn set_allocation_name(&mut self, a: Alloc, name: Option<&str>) -> Result<(), Error> {
-        self.live_mut(a)?.name = name.map(Box::from);
+        let live = self.live_mut(a)?;
+        live.named = name.is_some();
+        match name {
+            Some(n) => self.names.insert(a.slot, n.into()),
+            None => self.names.remove(&a.slot),
+        };
         Ok(())
     }
 
     /// Re-tags an allocation.
     pub fn set_tag(&mut self, a: Alloc, tag: Option<Tag>) -> Result<(), Error> {
-        self.live_mut(a)?.tag = tag;
+        self.live(a)?;
+        let code = self.tag_code(tag)?;
+        self.live_mut(a)?.tag = code;
         Ok(())
     }
 
@@ -854,6 +907,19 @@ impl<U> VirtualBlock<U> {
         }
         if free_slots + live_slots != self.slots.len() {
             return Err("free-slot chain misses slots".into());
+        }
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(l) = &s.live {
+                if l.named != self.names.contains_key(&(i as u32)) {
+                    return Err(format!("slot {i}: name flag disagrees with the name table"));
+                }
+                if usize::from(l.tag) > self.tags.len() {
+                    return Err(format!("slot {i}: tag index out of the table"));
+                }
+            }
+        }
+        if self.names.len() > live_slots {
+            return Err("names kept for freed allocations".into());
         }
         Ok(())
     }

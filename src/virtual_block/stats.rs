@@ -183,24 +183,26 @@ impl<U> VirtualBlock<U> {
     /// # Ok::<(), tagalloc::virtual_block::Error>(())
     /// ```
     pub fn tag_statistics(&self) -> Vec<TagStatistics> {
-        let mut out: Vec<TagStatistics> = Vec::new();
-        for slot in &self.slots {
-            let Some(l) = &slot.live else { continue };
-            match out.binary_search_by(|t| t.tag.cmp(&l.tag)) {
-                Ok(i) => {
-                    out[i].allocation_count += 1;
-                    out[i].allocation_bytes += l.size;
-                }
-                Err(i) => out.insert(
-                    i,
-                    TagStatistics {
-                        tag: l.tag,
-                        allocation_count: 1,
-                        allocation_bytes: l.size,
-                    },
-                ),
-            }
+        // Sum by tag code first (codes index the block's tag table), then sort by tag.
+        let mut by_code: Vec<(u32, u64)> = vec![(0, 0); self.tags.len() + 1];
+        for l in self.slots.iter().filter_map(|s| s.live.as_ref()) {
+            let e = &mut by_code[usize::from(l.tag)];
+            e.0 += 1;
+            e.1 += l.size;
         }
+        let mut out: Vec<TagStatistics> = by_code
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (count, _))| *count > 0)
+            .map(
+                |(code, (allocation_count, allocation_bytes))| TagStatistics {
+                    tag: self.tag_of(code as u16),
+                    allocation_count,
+                    allocation_bytes,
+                },
+            )
+            .collect();
+        out.sort_by_key(|t| t.tag);
         out
     }
 }

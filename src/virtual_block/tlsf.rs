@@ -50,6 +50,7 @@ const USED: u32 = u32::MAX - 1;
 pub(crate) const MAX_NODES: usize = VACANT as usize;
 
 #[derive(Clone, Debug)]
+#[repr(align(32))]
 struct Node {
     offset: u64,
     size: u64,
@@ -216,6 +217,7 @@ impl Tlsf {
         }
     }
 
+    #[inline(always)]
     fn new_node(&mut self, node: Node) -> u32 {
         if self.vacant != NIL {
             let i = self.vacant;
@@ -231,6 +233,7 @@ impl Tlsf {
         }
     }
 
+    #[inline(always)]
     fn recycle(&mut self, i: u32) {
         let n = &mut self.nodes[i as usize];
         n.prev_free = VACANT;
@@ -239,7 +242,7 @@ impl Tlsf {
     }
 
     /// Links free node `i` into its list.
-    #[inline]
+    #[inline(always)]
     fn link_free(&mut self, i: u32) {
         let size = self.nodes[i as usize].size;
         let (fl, sl) = bin_down(size);
@@ -260,7 +263,7 @@ impl Tlsf {
     }
 
     /// Unlinks free node `i` from its list.
-    #[inline]
+    #[inline(always)]
     fn unlink_free(&mut self, i: u32) {
         let (size, prev, next) = {
             let n = &self.nodes[i as usize];
@@ -287,7 +290,7 @@ impl Tlsf {
     }
 
     /// The first non-empty list at or above `(fl, sl)`.
-    #[inline]
+    #[inline(always)]
     fn first_list_from(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
         if fl >= self.sl_bitmaps.len() {
             return None;
@@ -320,6 +323,7 @@ impl Tlsf {
 
     /// Finds room for `size` aligned to `align` (a power of two). Returns the free node and
     /// the aligned offset inside it; nothing is changed yet.
+    #[inline(always)]
     pub(crate) fn find(&self, size: u64, align: u64, strategy: Strategy) -> Option<(u32, u64)> {
         let mask = align - 1;
         match strategy {
@@ -334,7 +338,7 @@ impl Tlsf {
     }
 
     /// O(1): the head of the first list whose every block fits even with worst-case padding.
-    #[inline]
+    #[inline(always)]
     fn good_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
         let worst = size.checked_add(mask)?;
         let (fl, sl) = bin_up(worst)?;
@@ -421,101 +425,162 @@ impl Tlsf {
         best
     }
 
+    /// Gives free node `i` a new range. It is moved to another list only when its size class
+    /// changes, which spares two list updates in the common case of carving a small piece off
+    /// a big range (or merging one into it).
+    #[inline(always)]
+    fn resize_free(&mut self, i: u32, offset: u64, size: u64) {
+        let old = self.nodes[i as usize].size;
+        if bin_down(old) == bin_down(size) {
+            self.totals.remove(old);
+            self.totals.add(size);
+            let n = &mut self.nodes[i as usize];
+            n.offset = offset;
+            n.size = size;
+        } else {
+            self.unlink_free(i);
+            let n = &mut self.nodes[i as usize];
+            n.offset = offset;
+            n.size = size;
+            self.link_free(i);
+        }
+    }
+
     /// Takes `[at, at + size)` out of free node `i` (as found by [`Tlsf::find`]) and gives it to
-    /// `kind`. Returns the node that now describes the taken range. Padding before and the
-    /// rest after become free nodes of their own; neither can touch another free node, since
-    /// free nodes never sit side by side.
+    /// `kind`. Returns the node that now describes the taken range.
+    ///
+    /// Node `i` stays free and keeps what is left after the range (or, if nothing is, the
+    /// padding before it), so it usually keeps its list too; the taken range gets a node of its
+    /// own. Padding and rest never touch another free node, since free nodes never sit side by
+    /// side.
+    #[inline(always)]
     pub(crate) fn take(&mut self, i: u32, at: u64, size: u64, kind: NodeKind) -> u32 {
-        self.unlink_free(i);
         let (offset, total, prev, next) = {
             let n = &self.nodes[i as usize];
             (n.offset, n.size, n.prev_phys, n.next_phys)
         };
         let pad = at - offset;
         let rest = total - pad - size;
-        if pad > 0 {
-            let p = self.new_node(Node {
-                offset,
-                size: pad,
-                prev_phys: prev,
-                next_phys: i,
-                prev_free: NIL,
-                next_free: NIL,
-            });
-            if prev != NIL {
-                self.nodes[prev as usize].next_phys = p;
-            } else {
-                self.first = p;
-            }
-            self.nodes[i as usize].prev_phys = p;
-            self.link_free(p);
+        if pad == 0 && rest == 0 {
+            self.unlink_free(i);
+            self.nodes[i as usize].set_taken(kind);
+            return i;
         }
+        let mut taken = Node {
+            offset: at,
+            size,
+            prev_phys: NIL,
+            next_phys: NIL,
+            prev_free: NIL,
+            next_free: NIL,
+        };
+        taken.set_taken(kind);
         if rest > 0 {
-            let r = self.new_node(Node {
-                offset: at + size,
-                size: rest,
-                prev_phys: i,
-                next_phys: next,
-                prev_free: NIL,
-                next_free: NIL,
-            });
-            if next != NIL {
-                self.nodes[next as usize].prev_phys = r;
+            // Layout: [padding?][taken][i = rest].
+            self.resize_free(i, at + size, rest);
+            taken.prev_phys = prev;
+            taken.next_phys = i;
+            let u = self.new_node(taken);
+            self.nodes[i as usize].prev_phys = u;
+            let before = if pad > 0 {
+                let p = self.new_node(Node {
+                    offset,
+                    size: pad,
+                    prev_phys: prev,
+                    next_phys: u,
+                    prev_free: NIL,
+                    next_free: NIL,
+                });
+                self.nodes[u as usize].prev_phys = p;
+                self.link_free(p);
+                p
             } else {
-                self.last = r;
+                u
+            };
+            if prev != NIL {
+                self.nodes[prev as usize].next_phys = before;
+            } else {
+                self.first = before;
             }
-            self.nodes[i as usize].next_phys = r;
-            self.link_free(r);
+            u
+        } else {
+            // Layout: [i = padding][taken].
+            self.resize_free(i, offset, pad);
+            taken.prev_phys = i;
+            taken.next_phys = next;
+            let u = self.new_node(taken);
+            self.nodes[i as usize].next_phys = u;
+            if next != NIL {
+                self.nodes[next as usize].prev_phys = u;
+            } else {
+                self.last = u;
+            }
+            u
         }
-        let n = &mut self.nodes[i as usize];
-        n.offset = at;
-        n.size = size;
-        n.set_taken(kind);
-        i
     }
 
-    /// Returns taken node `i` to the free space, merging it with free neighbours (O(1)).
+    /// Returns taken node `i` to the free space, merged with free neighbours (O(1)). A free
+    /// neighbour absorbs it, so its list changes only if its size class does.
+    #[inline(always)]
     pub(crate) fn release(&mut self, i: u32) {
         debug_assert!(matches!(
             self.nodes[i as usize].kind(),
             NodeKind::Used(_) | NodeKind::Reserved(_)
         ));
-        let prev = self.nodes[i as usize].prev_phys;
-        if prev != NIL && self.nodes[prev as usize].is_free() {
-            self.unlink_free(prev);
-            let (p_off, p_size, p_prev) = {
-                let p = &self.nodes[prev as usize];
-                (p.offset, p.size, p.prev_phys)
-            };
-            let n = &mut self.nodes[i as usize];
-            n.offset = p_off;
-            n.size += p_size;
-            n.prev_phys = p_prev;
-            if p_prev != NIL {
-                self.nodes[p_prev as usize].next_phys = i;
-            } else {
-                self.first = i;
+        let (offset, size, prev, next) = {
+            let n = &self.nodes[i as usize];
+            (n.offset, n.size, n.prev_phys, n.next_phys)
+        };
+        let prev_free = prev != NIL && self.nodes[prev as usize].is_free();
+        let next_free = next != NIL && self.nodes[next as usize].is_free();
+        match (prev_free, next_free) {
+            (false, false) => self.link_free(i),
+            (false, true) => {
+                let grown = self.nodes[next as usize].size + size;
+                self.resize_free(next, offset, grown);
+                self.nodes[next as usize].prev_phys = prev;
+                if prev != NIL {
+                    self.nodes[prev as usize].next_phys = next;
+                } else {
+                    self.first = next;
+                }
+                self.recycle(i);
             }
-            self.recycle(prev);
-        }
-        let next = self.nodes[i as usize].next_phys;
-        if next != NIL && self.nodes[next as usize].is_free() {
-            self.unlink_free(next);
-            let (n_size, n_next) = {
-                let x = &self.nodes[next as usize];
-                (x.size, x.next_phys)
-            };
-            let n = &mut self.nodes[i as usize];
-            n.size += n_size;
-            n.next_phys = n_next;
-            if n_next != NIL {
-                self.nodes[n_next as usize].prev_phys = i;
-            } else {
-                self.last = i;
+            (true, false) => {
+                let (p_off, p_size) = {
+                    let p = &self.nodes[prev as usize];
+                    (p.offset, p.size)
+                };
+                self.resize_free(prev, p_off, p_size + size);
+                self.nodes[prev as usize].next_phys = next;
+                if next != NIL {
+                    self.nodes[next as usize].prev_phys = prev;
+                } else {
+                    self.last = prev;
+                }
+                self.recycle(i);
             }
-            self.recycle(next);
+            (true, true) => {
+                let (n_size, after) = {
+                    let n = &self.nodes[next as usize];
+                    (n.size, n.next_phys)
+                };
+                self.unlink_free(next);
+                let (p_off, p_size) = {
+                    let p = &self.nodes[prev as usize];
+                    (p.offset, p.size)
+                };
+                self.resize_free(prev, p_off, p_size + size + n_size);
+                self.nodes[prev as usize].next_phys = after;
+                if after != NIL {
+                    self.nodes[after as usize].prev_phys = prev;
+                } else {
+                    self.last = prev;
+                }
+                self.recycle(i);
+                self.recycle(next);
+            }
         }
-        self.link_free(i);
     }
 
     /// Changes who owns taken node `i` (used when a defragmentation move is committed).

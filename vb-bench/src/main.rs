@@ -48,7 +48,10 @@ struct Tag {
 
 impl Tag {
     fn new(capacity: u64, strategy: Strategy) -> Self {
-        Tag { block: VirtualBlock::new(capacity), strategy }
+        Tag {
+            block: VirtualBlock::new(capacity),
+            strategy,
+        }
     }
 }
 
@@ -112,14 +115,21 @@ impl Rlsf {
         let len = usize::try_from(capacity).expect("pool fits in memory");
         // Pre-fault the pool so first-touch page faults are not timed.
         let mut pool: Box<[MaybeUninit<u8>]> = vec![MaybeUninit::new(0u8); len].into_boxed_slice();
-        let ptr = NonNull::new(std::ptr::slice_from_raw_parts_mut(pool.as_mut_ptr().cast::<u8>(), len))
-            .expect("non-null pool");
+        let ptr = NonNull::new(std::ptr::slice_from_raw_parts_mut(
+            pool.as_mut_ptr().cast::<u8>(),
+            len,
+        ))
+        .expect("non-null pool");
         let mut tlsf = RlsfTlsf::new();
         // SAFETY: the pool is valid for reads and writes, is not used by anything else, and
         // outlives `tlsf` (both live in this struct; `tlsf` is dropped first and rlsf does not
         // touch the memory when dropped). Moving the Box does not move its heap buffer.
         unsafe { tlsf.insert_free_block_ptr(ptr) };
-        Rlsf { base: ptr.as_ptr().cast::<u8>() as usize, tlsf, _pool: pool }
+        Rlsf {
+            base: ptr.as_ptr().cast::<u8>() as usize,
+            tlsf,
+            _pool: pool,
+        }
     }
 }
 
@@ -194,15 +204,28 @@ struct Replica {
 impl Replica {
     fn new(seed: u64) -> Self {
         let mut rng = Rng(seed);
-        let first_sizes: Vec<u64> = (0..FIRST_ALLOCS).map(|_| rng.next() % MAX_SIZE + 1).collect();
+        let first_sizes: Vec<u64> = (0..FIRST_ALLOCS)
+            .map(|_| rng.next() % MAX_SIZE + 1)
+            .collect();
         let ops = (0..RANDOM_OPS)
             .map(|_| {
                 let alloc = rng.next() % 2 == 0;
-                (alloc, if alloc { rng.next() % MAX_SIZE + 1 } else { rng.next() })
+                (
+                    alloc,
+                    if alloc {
+                        rng.next() % MAX_SIZE + 1
+                    } else {
+                        rng.next()
+                    },
+                )
             })
             .collect();
         let sum: u64 = first_sizes.iter().sum();
-        Replica { first_sizes, ops, capacity: sum * 5 / 2 }
+        Replica {
+            first_sizes,
+            ops,
+            capacity: sum * 5 / 2,
+        }
     }
 }
 
@@ -291,11 +314,15 @@ fn run_churn<C: Contender>(c: &mut C, seed: u64, align: u64) -> ChurnResult {
                 live_bytes += size;
             }
             None => {
-                let false_oom = c.exact_ranges() && fits_in_gaps(&held, CHURN_CAPACITY, size, align);
+                let false_oom =
+                    c.exact_ranges() && fits_in_gaps(&held, CHURN_CAPACITY, size, align);
                 for (h, ..) in live {
                     c.free(h);
                 }
-                return ChurnResult { utilisation: live_bytes as f64 / CHURN_CAPACITY as f64, false_oom };
+                return ChurnResult {
+                    utilisation: live_bytes as f64 / CHURN_CAPACITY as f64,
+                    false_oom,
+                };
             }
         }
     }
@@ -317,7 +344,11 @@ fn fits_in_gaps(held: &BTreeMap<u64, u64>, capacity: u64, size: u64, align: u64)
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 const ALIGNS: [u64; 4] = [1, 16, 64, 256];
@@ -347,18 +378,38 @@ fn replica_for(k: usize, w: &Replica, align: u64) -> ReplicaResult {
         2 => warm(Tag::new(w.capacity, Strategy::MinMemory), w, align),
         3 => warm(OffsetAlloc::new(w.capacity), w, align),
         4 => warm(Rlsf::new(w.capacity), w, align),
-        _ => warm(RangeAlloc(range_alloc::RangeAllocator::new(0..w.capacity)), w, align),
+        _ => warm(
+            RangeAlloc(range_alloc::RangeAllocator::new(0..w.capacity)),
+            w,
+            align,
+        ),
     }
 }
 
 fn churn_for(k: usize, seed: u64, align: u64) -> ChurnResult {
     match k {
-        0 => run_churn(&mut Tag::new(CHURN_CAPACITY, Strategy::Balanced), seed, align),
-        1 => run_churn(&mut Tag::new(CHURN_CAPACITY, Strategy::MinTime), seed, align),
-        2 => run_churn(&mut Tag::new(CHURN_CAPACITY, Strategy::MinMemory), seed, align),
+        0 => run_churn(
+            &mut Tag::new(CHURN_CAPACITY, Strategy::Balanced),
+            seed,
+            align,
+        ),
+        1 => run_churn(
+            &mut Tag::new(CHURN_CAPACITY, Strategy::MinTime),
+            seed,
+            align,
+        ),
+        2 => run_churn(
+            &mut Tag::new(CHURN_CAPACITY, Strategy::MinMemory),
+            seed,
+            align,
+        ),
         3 => run_churn(&mut OffsetAlloc::new(CHURN_CAPACITY), seed, align),
         4 => run_churn(&mut Rlsf::new(CHURN_CAPACITY), seed, align),
-        _ => run_churn(&mut RangeAlloc(range_alloc::RangeAllocator::new(0..CHURN_CAPACITY)), seed, align),
+        _ => run_churn(
+            &mut RangeAlloc(range_alloc::RangeAllocator::new(0..CHURN_CAPACITY)),
+            seed,
+            align,
+        ),
     }
 }
 
@@ -384,15 +435,23 @@ fn main() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("# Virtual block benchmark");
     println!();
-    println!("{} ({threads} threads), {reps} repetitions (medians), {seeds} churn seeds.", cpu_model());
+    println!(
+        "{} ({threads} threads), {reps} repetitions (medians), {seeds} churn seeds.",
+        cpu_model()
+    );
     // Check the contenders' names match the table labels.
     debug_assert_eq!(Tag::new(1, Strategy::Balanced).name(), CONTENDERS[0]);
     debug_assert_eq!(OffsetAlloc::new(1).name(), CONTENDERS[3]);
     debug_assert_eq!(Rlsf::new(4096).name(), CONTENDERS[4]);
-    debug_assert_eq!(RangeAlloc(range_alloc::RangeAllocator::new(0..1)).name(), CONTENDERS[5]);
+    debug_assert_eq!(
+        RangeAlloc(range_alloc::RangeAllocator::new(0..1)).name(),
+        CONTENDERS[5]
+    );
 
     println!();
-    println!("## VMA virtual-block benchmark replica (ns/op: allocate phase / random phase / free phase = overall)");
+    println!(
+        "## VMA virtual-block benchmark replica (ns/op: allocate phase / random phase / free phase = overall)"
+    );
     println!();
     print!("| allocator |");
     for a in ALIGNS {
@@ -402,7 +461,8 @@ fn main() {
     println!("|---|{}---|", "---|".repeat(ALIGNS.len()));
     let w = Replica::new(0x5eed_1234_abcd);
     // samples[k][align] = repetitions
-    let mut samples: Vec<Vec<Vec<ReplicaResult>>> = vec![vec![Vec::new(); ALIGNS.len()]; CONTENDERS.len()];
+    let mut samples: Vec<Vec<Vec<ReplicaResult>>> =
+        vec![vec![Vec::new(); ALIGNS.len()]; CONTENDERS.len()];
     for rep in 0..reps {
         for (ai, &align) in ALIGNS.iter().enumerate() {
             // Rotate the order each repetition so no contender always runs first.
@@ -421,7 +481,9 @@ fn main() {
         print!("| {name} |");
         let mut failures = 0;
         for per_align in &samples[k] {
-            let med = |f: fn(&ReplicaResult) -> f64| median(&mut per_align.iter().map(f).collect::<Vec<_>>());
+            let med = |f: fn(&ReplicaResult) -> f64| {
+                median(&mut per_align.iter().map(f).collect::<Vec<_>>())
+            };
             failures += per_align.iter().map(|r| r.failures).max().unwrap_or(0);
             print!(
                 " {:.1} / {:.1} / {:.1} = **{:.1}** |",
@@ -435,7 +497,9 @@ fn main() {
     }
 
     println!();
-    println!("## Churn until the first failure (4 Mi units, sizes 1..=2056): median utilisation [min..max], false OOM count");
+    println!(
+        "## Churn until the first failure (4 Mi units, sizes 1..=2056): median utilisation [min..max], false OOM count"
+    );
     println!();
     print!("| allocator |");
     for a in ALIGNS {
@@ -458,7 +522,11 @@ fn main() {
             }
             let lo = utils.iter().copied().fold(f64::MAX, f64::min);
             let hi = utils.iter().copied().fold(0.0, f64::max);
-            let fo = if k == 4 { "n/a".to_string() } else { false_ooms.to_string() };
+            let fo = if k == 4 {
+                "n/a".to_string()
+            } else {
+                false_ooms.to_string()
+            };
             print!(" {:.3} [{lo:.3}..{hi:.3}], {fo} |", median(&mut utils));
         }
         println!();
