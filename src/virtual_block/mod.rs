@@ -82,12 +82,13 @@ pub enum Algorithm {
 /// Which free range a TLSF allocation takes. Ignored by the linear algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
-    /// O(1) good fit (the smallest size class whose every range fits), falling back to an
-    /// exact search only when that finds nothing. Fast with low fragmentation.
+    /// O(1) good fit: first the head of the request's own size class if it fits (a tight
+    /// fit), else the head of the smallest size class whose every range fits; an exact search
+    /// only when both find nothing. Fast, with little fragmentation.
     #[default]
     Balanced,
-    /// Like `Balanced`, but prefers the cheapest choice when several are equal: the head of a
-    /// list is taken without looking further. (VMA's `STRATEGY_MIN_TIME`.)
+    /// The head of the smallest size class whose every range fits, without the tight-fit
+    /// check: one memory access fewer, slightly looser packing. (VMA's `STRATEGY_MIN_TIME`.)
     MinTime,
     /// Best fit: the smallest free range that fits, by walking the size class that holds it.
     /// Slower, tightest packing. (VMA's `STRATEGY_MIN_MEMORY`.)

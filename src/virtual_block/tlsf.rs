@@ -331,7 +331,11 @@ impl Tlsf {
                 .best_fit(size, mask)
                 .or_else(|| self.good_fit(size, mask)),
             Strategy::MinOffset => self.lowest_fit(size, mask, u64::MAX),
-            Strategy::Balanced | Strategy::MinTime => self
+            Strategy::Balanced => self
+                .tight_fit(size, mask)
+                .or_else(|| self.good_fit(size, mask))
+                .or_else(|| self.first_fit(size, mask)),
+            Strategy::MinTime => self
                 .good_fit(size, mask)
                 .or_else(|| self.first_fit(size, mask)),
         }
@@ -351,6 +355,18 @@ impl Tlsf {
             "good-fit list holds a block that does not fit"
         );
         at.map(|at| (i, at))
+    }
+
+    /// O(1): the head of the first non-empty list from the one `size` itself falls in, if it
+    /// fits at its real offset. That list's blocks are the closest in size to the request, so
+    /// this packs tighter than the good fit, which must allow for worst-case padding.
+    #[inline(always)]
+    fn tight_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+        let (fl, sl) = bin_down(size);
+        let (fl, sl) = self.first_list_from(fl, sl)?;
+        let i = self.heads[fl * SL_COUNT + sl];
+        let n = &self.nodes[i as usize];
+        fit(n.offset, n.size, size, mask).map(|at| (i, at))
     }
 
     /// Walks the lists that may hold a fitting block, lowest size first; the first block that
