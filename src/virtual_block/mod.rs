@@ -61,7 +61,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub use defrag::{DefragLimits, Move};
 pub use facade::{ExternalMapAllocator, FacadeStatistics};
 pub use stats::{DetailedStatistics, Statistics, TagStatistics};
-pub use svg::memory_map_svg;
+pub use svg::{MapRow, memory_map_svg};
 
 use linear::{Linear, LinearFail};
 use tlsf::{NIL, NodeKind, Tlsf};

@@ -9,7 +9,7 @@
 
 use std::fmt::Write;
 
-use super::{Range, Tag, VirtualBlock};
+use super::{Range, Statistics, Tag, TagStatistics, VirtualBlock};
 
 const WIDTH: f64 = 1000.0;
 const MARGIN: f64 = 12.0;
@@ -26,7 +26,7 @@ const PALETTE: [&str; 10] = [
 ];
 
 /// What a drawn rectangle stands for.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Paint {
     Tag(Option<Tag>),
     Reserved,
@@ -63,25 +63,85 @@ fn human(n: u64) -> String {
     }
 }
 
+/// One bar of a [memory map](memory_map_svg): what the picture needs of a block, taken at
+/// one moment. A snapshot lets blocks with different user-data types share one picture.
+#[derive(Clone, Debug)]
+pub struct MapRow {
+    label: String,
+    statistics: Statistics,
+    largest_free: u64,
+    fragmentation: f64,
+    free_bytes: u64,
+    tags: Vec<TagStatistics>,
+    /// Pending defragmentation reservations: units and count.
+    reserved: (u64, u32),
+    /// Taken ranges in offset order.
+    taken: Vec<Segment>,
+}
+
+#[derive(Clone, Debug)]
+struct Segment {
+    offset: u64,
+    size: u64,
+    paint: Paint,
+    name: Option<String>,
+}
+
+impl MapRow {
+    /// A bar for `block`, labelled `label` (the block's own name when `label` is empty).
+    pub fn new<U>(label: &str, block: &VirtualBlock<U>) -> Self {
+        let label = if label.is_empty() {
+            block.name().unwrap_or("virtual block")
+        } else {
+            label
+        };
+        let taken = block
+            .ranges()
+            .filter_map(|r| match r {
+                Range::Free { .. } => None,
+                Range::Reserved { offset, size } => Some(Segment {
+                    offset,
+                    size,
+                    paint: Paint::Reserved,
+                    name: None,
+                }),
+                Range::Allocation(a) => Some(Segment {
+                    offset: a.offset,
+                    size: a.size,
+                    paint: Paint::Tag(a.tag),
+                    name: a.name.map(str::to_string),
+                }),
+            })
+            .collect();
+        MapRow {
+            label: label.to_string(),
+            statistics: block.statistics(),
+            largest_free: block.largest_free(),
+            fragmentation: block.fragmentation(),
+            free_bytes: block.free_bytes(),
+            tags: block.tag_statistics(),
+            reserved: (block.defrag.reserved_bytes, block.defrag.open),
+            taken,
+        }
+    }
+}
+
 /// Draws several blocks in one picture, one bar each, with a shared legend.
 ///
-/// `blocks` pairs a label with each block (the block's own name is used when the label is
-/// empty).
-///
 /// ```
-/// use tagalloc::virtual_block::{memory_map_svg, Request, Tag, VirtualBlock};
-/// let mut a = VirtualBlock::<()>::new(1 << 20);
-/// a.allocate(&Request::new(4096).tag(Tag::new("textures")), ())?;
-/// let b = VirtualBlock::<()>::new(1 << 16);
-/// let svg = memory_map_svg(&[("heap 0", &a), ("heap 1", &b)]);
-/// assert!(svg.starts_with("<svg") && svg.contains("textures") && svg.contains("heap 1"));
+/// use tagalloc::virtual_block::{memory_map_svg, MapRow, Request, Tag, VirtualBlock};
+/// let mut a = VirtualBlock::<u32>::new(1 << 20);
+/// a.allocate(&Request::new(4096).tag(Tag::new("textures")), 7)?;
+/// let b = VirtualBlock::<()>::new_linear(1 << 16);
+/// let svg = memory_map_svg(&[MapRow::new("heap 0", &a), MapRow::new("ring", &b)]);
+/// assert!(svg.starts_with("<svg") && svg.contains("textures") && svg.contains("ring"));
 /// # Ok::<(), tagalloc::virtual_block::Error>(())
 /// ```
-pub fn memory_map_svg<U>(blocks: &[(&str, &VirtualBlock<U>)]) -> String {
+pub fn memory_map_svg(rows: &[MapRow]) -> String {
     // Legend entries: every tag in use, in a stable order, with its total.
     let mut legend: Vec<(Paint, u64, u32)> = Vec::new();
-    for (_, b) in blocks {
-        for t in b.tag_statistics() {
+    for row in rows {
+        for t in &row.tags {
             add_to_legend(
                 &mut legend,
                 Paint::Tag(t.tag),
@@ -89,13 +149,8 @@ pub fn memory_map_svg<U>(blocks: &[(&str, &VirtualBlock<U>)]) -> String {
                 t.allocation_count,
             );
         }
-        if b.defrag.open > 0 {
-            add_to_legend(
-                &mut legend,
-                Paint::Reserved,
-                b.defrag.reserved_bytes,
-                b.defrag.open,
-            );
+        if row.reserved.1 > 0 {
+            add_to_legend(&mut legend, Paint::Reserved, row.reserved.0, row.reserved.1);
         }
     }
     let mut tagged = 0;
@@ -121,7 +176,7 @@ pub fn memory_map_svg<U>(blocks: &[(&str, &VirtualBlock<U>)]) -> String {
     };
 
     let legend_rows = (legend.len() + 1).div_ceil(3);
-    let height = MARGIN * 2.0 + ROW_HEIGHT * blocks.len() as f64 + 22.0 * legend_rows as f64 + 8.0;
+    let height = MARGIN * 2.0 + ROW_HEIGHT * rows.len() as f64 + 22.0 * legend_rows as f64 + 8.0;
     let total_width = WIDTH + 2.0 * MARGIN;
     let mut o = String::new();
     let _ = write!(
@@ -130,12 +185,12 @@ pub fn memory_map_svg<U>(blocks: &[(&str, &VirtualBlock<U>)]) -> String {
          viewBox=\"0 0 {total_width} {height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
-    for (row, (label, b)) in blocks.iter().enumerate() {
-        let top = MARGIN + ROW_HEIGHT * row as f64;
-        draw_block(&mut o, label, b, top, &colour_of);
+    for (i, row) in rows.iter().enumerate() {
+        let top = MARGIN + ROW_HEIGHT * i as f64;
+        draw_row(&mut o, row, top, &colour_of);
     }
     // Legend.
-    let top = MARGIN + ROW_HEIGHT * blocks.len() as f64;
+    let top = MARGIN + ROW_HEIGHT * rows.len() as f64;
     let mut entries: Vec<(String, &str)> = legend
         .iter()
         .map(|&(p, bytes, count)| {
@@ -147,7 +202,7 @@ pub fn memory_map_svg<U>(blocks: &[(&str, &VirtualBlock<U>)]) -> String {
             (format!("{name}: {} in {count}", human(bytes)), colour_of(p))
         })
         .collect();
-    let free: u64 = blocks.iter().map(|(_, b)| b.free_bytes()).sum();
+    let free: u64 = rows.iter().map(|r| r.free_bytes).sum();
     entries.push((format!("free: {}", human(free)), FREE_COLOUR));
     for (i, (text, colour)) in entries.iter().enumerate() {
         let x = MARGIN + (i % 3) as f64 * (WIDTH / 3.0);
@@ -184,19 +239,8 @@ fn add_to_legend(legend: &mut Vec<(Paint, u64, u32)>, p: Paint, bytes: u64, coun
     }
 }
 
-fn draw_block<U>(
-    o: &mut String,
-    label: &str,
-    b: &VirtualBlock<U>,
-    top: f64,
-    colour_of: &dyn Fn(Paint) -> &'static str,
-) {
-    let s = b.statistics();
-    let label = if label.is_empty() {
-        b.name().unwrap_or("virtual block")
-    } else {
-        label
-    };
+fn draw_row(o: &mut String, row: &MapRow, top: f64, colour_of: &dyn Fn(Paint) -> &'static str) {
+    let s = row.statistics;
     let used_pct = if s.block_bytes == 0 {
         0.0
     } else {
@@ -207,7 +251,7 @@ fn draw_block<U>(
         "<text x=\"{MARGIN}\" y=\"{}\" font-weight=\"bold\">",
         top + 13.0
     );
-    push_xml(o, label);
+    push_xml(o, &row.label);
     let _ = writeln!(
         o,
         "<tspan font-weight=\"normal\"> — {} of {} used ({used_pct:.1} %), {} allocations, \
@@ -215,8 +259,8 @@ fn draw_block<U>(
         human(s.allocation_bytes),
         human(s.block_bytes),
         s.allocation_count,
-        human(b.largest_free()),
-        b.fragmentation()
+        human(row.largest_free),
+        row.fragmentation
     );
     let bar_top = top + 20.0;
     let _ = writeln!(
@@ -249,27 +293,17 @@ fn draw_block<U>(
             o.push_str("</title></rect>\n");
         }
     };
-    for r in b.ranges() {
-        let (paint, offset, size, tip) = match r {
-            Range::Free { .. } => continue,
-            Range::Reserved { offset, size } => (
-                Paint::Reserved,
-                offset,
-                size,
-                format!("defrag destination @{offset} +{size}"),
-            ),
-            Range::Allocation(a) => {
-                let mut tip = a.name.unwrap_or("").to_string();
-                let _ = write!(tip, " @{} +{}", a.offset, a.size);
-                if let Some(t) = a.tag {
+    for seg in &row.taken {
+        let (paint, offset, size) = (seg.paint, seg.offset, seg.size);
+        let tip = match paint {
+            Paint::Reserved => format!("defrag destination @{offset} +{size}"),
+            Paint::Tag(tag) => {
+                let mut tip = seg.name.clone().unwrap_or_default();
+                let _ = write!(tip, " @{offset} +{size}");
+                if let Some(t) = tag {
                     let _ = write!(tip, " [{}]", t.name());
                 }
-                (
-                    Paint::Tag(a.tag),
-                    a.offset,
-                    a.size,
-                    tip.trim_start().to_string(),
-                )
+                tip.trim_start().to_string()
             }
         };
         let (x0, x1) = (px(offset), px(offset + size));
@@ -310,6 +344,6 @@ fn draw_block<U>(
 impl<U> VirtualBlock<U> {
     /// This block as an SVG memory map (see [`memory_map_svg`] for several blocks).
     pub fn to_svg(&self) -> String {
-        memory_map_svg(&[("", self)])
+        memory_map_svg(&[MapRow::new("", self)])
     }
 }

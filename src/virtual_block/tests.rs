@@ -783,7 +783,7 @@ fn svg_has_bars_legend_and_escaped_text() {
     }
     a.allocate(&req(1000), ()).unwrap();
     let b = VirtualBlock::<()>::new_linear(4096);
-    let svg = memory_map_svg(&[("", &a), ("linear", &b)]);
+    let svg = memory_map_svg(&[MapRow::new("", &a), MapRow::new("linear", &b)]);
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert!(svg.contains("heap &lt;0&gt; &amp; co"));
     assert!(svg.contains("a&amp;b:") && svg.contains("textures:") && svg.contains("untagged:"));
