@@ -90,8 +90,10 @@ pub enum Strategy {
     /// The head of the smallest size class whose every range fits, without the tight-fit
     /// check: one memory access fewer, slightly looser packing. (VMA's `STRATEGY_MIN_TIME`.)
     MinTime,
-    /// Best fit: the smallest free range that fits, by walking the size class that holds it.
-    /// Slower, tightest packing. (VMA's `STRATEGY_MIN_MEMORY`.)
+    /// Best fit: the smallest free range that fits, searched from the request's own size
+    /// class upwards. The walk examines at most 64 free ranges (many small ones can fail an
+    /// alignment), then settles for the best seen or falls back to `Balanced`: tightest
+    /// packing, slower. (VMA's `STRATEGY_MIN_MEMORY`.)
     MinMemory,
     /// The fitting free range with the lowest offset: packs allocations towards the start.
     /// O(free ranges). (VMA's `STRATEGY_MIN_OFFSET`.)

@@ -27,6 +27,9 @@ const SL_BITS: u32 = 5;
 /// Lists per octave.
 const SL_COUNT: usize = 1 << SL_BITS;
 
+/// Most free blocks [`Strategy::MinMemory`] examines before settling.
+pub(crate) const BEST_FIT_BUDGET: usize = 64;
+
 /// What a node is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NodeKind {
@@ -329,7 +332,8 @@ impl Tlsf {
         match strategy {
             Strategy::MinMemory => self
                 .best_fit(size, mask)
-                .or_else(|| self.good_fit(size, mask)),
+                .or_else(|| self.good_fit(size, mask))
+                .or_else(|| self.first_fit(size, mask)),
             Strategy::MinOffset => self.lowest_fit(size, mask, u64::MAX),
             Strategy::Balanced => self
                 .tight_fit(size, mask)
@@ -388,27 +392,31 @@ impl Tlsf {
         None
     }
 
-    /// The smallest fitting block (ties: lowest offset). Lists are ordered by size, so the
-    /// answer lies in the first list that holds any fitting block.
+    /// The smallest fitting block (ties: lowest offset) among the first [`BEST_FIT_BUDGET`]
+    /// blocks examined. Lists are ordered by size, so the search starts at the request's own
+    /// list and stops at the first list that holds a fitting block; the budget bounds the walk
+    /// when many small blocks fail the alignment (then the good fit takes over).
     fn best_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
         let (fl, sl) = bin_down(size);
         let mut list = self.first_list_from(fl, sl);
+        let mut budget = BEST_FIT_BUDGET;
+        let mut best: Option<(u32, u64)> = None;
         while let Some((fl, sl)) = list {
-            let mut best: Option<(u32, u64)> = None;
             let mut i = self.heads[fl * SL_COUNT + sl];
             while i != NIL {
                 let n = &self.nodes[i as usize];
                 if let Some(at) = fit(n.offset, n.size, size, mask) {
-                    let better = match best {
-                        None => true,
-                        Some((b, _)) => {
-                            let b = &self.nodes[b as usize];
-                            (n.size, n.offset) < (b.size, b.offset)
-                        }
-                    };
+                    let better = best.is_none_or(|(b, _)| {
+                        let b = &self.nodes[b as usize];
+                        (n.size, n.offset) < (b.size, b.offset)
+                    });
                     if better {
                         best = Some((i, at));
                     }
+                }
+                budget -= 1;
+                if budget == 0 {
+                    return best;
                 }
                 i = n.next_free;
             }
