@@ -174,6 +174,33 @@ fn no_false_oom_alignment_inside_a_class() {
     ));
 }
 
+#[test]
+fn no_false_oom_when_the_best_fit_walk_runs_out() {
+    // One free range of 100 that fits at alignment 128, listed behind more than the walk
+    // budget of same-sized ranges that do not (they start 1 past an aligned offset).
+    let n = tlsf::BEST_FIT_BUDGET as u64 + 8;
+    let mut b = VirtualBlock::<()>::new(128 * (n + 1));
+    let mut holes = Vec::new();
+    let good = b.allocate(&req(100), ()).unwrap(); // [0, 100): aligned
+    b.allocate(&req(28), ()).unwrap();
+    for _ in 0..n {
+        b.allocate(&req(1), ()).unwrap();
+        holes.push(b.allocate(&req(100), ()).unwrap()); // starts at 128k + 1
+        b.allocate(&req(27), ()).unwrap();
+    }
+    assert_eq!(b.free_bytes(), 0);
+    b.free(good).unwrap(); // freed first: the last in its list's walk order
+    for h in holes {
+        b.free(h).unwrap();
+    }
+    for s in [Strategy::MinMemory, Strategy::Balanced, Strategy::MinTime, Strategy::MinOffset] {
+        let a = b.allocate(&req(100).align(128).strategy(s), ()).unwrap();
+        assert_eq!(a.offset(), 0, "{s:?}");
+        b.free(a).unwrap();
+    }
+    check_consistent(&b);
+}
+
 // ---- OffsetAllocator's own unit tests, in our terms.
 
 #[test]
