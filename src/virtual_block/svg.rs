@@ -248,13 +248,13 @@ fn draw_row(o: &mut String, row: &MapRow, top: f64, colour_of: &dyn Fn(Paint) ->
     };
     let _ = write!(
         o,
-        "<text x=\"{MARGIN}\" y=\"{}\" font-weight=\"bold\">",
+        "<text x=\"{MARGIN}\" y=\"{}\" font-weight=\"bold\" xml:space=\"preserve\">",
         top + 13.0
     );
     push_xml(o, &row.label);
     let _ = writeln!(
         o,
-        "<tspan font-weight=\"normal\"> — {} of {} used ({used_pct:.1} %), {} allocations, \
+        "<tspan font-weight=\"normal\">\u{a0}— {} of {} used ({used_pct:.1} %), {} allocations, \
          largest free {}, fragmentation {:.2}</tspan></text>",
         human(s.allocation_bytes),
         human(s.block_bytes),
@@ -271,28 +271,32 @@ fn draw_row(o: &mut String, row: &MapRow, top: f64, colour_of: &dyn Fn(Paint) ->
     let cap = s.block_bytes.max(1) as f64;
     let px = |off: u64| MARGIN + WIDTH * (off as f64 / cap);
     // A pending run of allocations drawn as one rectangle: (paint, x0, x1, count, tooltip).
+    // Runs under two pixels go to `thin`, drawn last so that wide neighbours cannot hide them.
     let mut run: Option<(Paint, f64, f64, u32, String)> = None;
-    let flush = |o: &mut String, run: Option<(Paint, f64, f64, u32, String)>| {
-        if let Some((paint, x0, x1, count, tip)) = run {
-            let w = (x1 - x0).max(1.0);
-            let _ = write!(
-                o,
-                "<rect x=\"{x0:.2}\" y=\"{bar_top}\" width=\"{w:.2}\" height=\"{BAR_HEIGHT}\" \
+    let mut thin = String::new();
+    let flush =
+        |wide: &mut String, thin: &mut String, run: Option<(Paint, f64, f64, u32, String)>| {
+            if let Some((paint, x0, x1, count, tip)) = run {
+                let w = (x1 - x0).max(1.5);
+                let o = if w < 2.0 { thin } else { wide };
+                let _ = write!(
+                    o,
+                    "<rect x=\"{x0:.2}\" y=\"{bar_top}\" width=\"{w:.2}\" height=\"{BAR_HEIGHT}\" \
                  fill=\"{}\"",
-                colour_of(paint)
-            );
-            if w >= 4.0 {
-                o.push_str(" stroke=\"white\" stroke-width=\"0.5\"");
+                    colour_of(paint)
+                );
+                if w >= 4.0 {
+                    o.push_str(" stroke=\"white\" stroke-width=\"0.5\"");
+                }
+                o.push_str("><title>");
+                if count == 1 {
+                    push_xml(o, &tip);
+                } else {
+                    let _ = write!(o, "{count} allocations");
+                }
+                o.push_str("</title></rect>\n");
             }
-            o.push_str("><title>");
-            if count == 1 {
-                push_xml(o, &tip);
-            } else {
-                let _ = write!(o, "{count} allocations");
-            }
-            o.push_str("</title></rect>\n");
-        }
-    };
+        };
     for seg in &row.taken {
         let (paint, offset, size) = (seg.paint, seg.offset, seg.size);
         let tip = match paint {
@@ -314,12 +318,13 @@ fn draw_row(o: &mut String, row: &MapRow, top: f64, colour_of: &dyn Fn(Paint) ->
             }
             _ => {
                 let done = run.take();
-                flush(o, done);
+                flush(o, &mut thin, done);
                 run = Some((paint, x0, x1, 1, tip));
             }
         }
     }
-    flush(o, run);
+    flush(o, &mut thin, run);
+    o.push_str(&thin);
     // Scale: offsets at the quarters.
     for q in 0..=4u64 {
         let off = (u128::from(s.block_bytes) * u128::from(q) / 4) as u64;

@@ -193,7 +193,12 @@ fn no_false_oom_when_the_best_fit_walk_runs_out() {
     for h in holes {
         b.free(h).unwrap();
     }
-    for s in [Strategy::MinMemory, Strategy::Balanced, Strategy::MinTime, Strategy::MinOffset] {
+    for s in [
+        Strategy::MinMemory,
+        Strategy::Balanced,
+        Strategy::MinTime,
+        Strategy::MinOffset,
+    ] {
         let a = b.allocate(&req(100).align(128).strategy(s), ()).unwrap();
         assert_eq!(a.offset(), 0, "{s:?}");
         b.free(a).unwrap();
@@ -969,7 +974,7 @@ fn check_against_shadow(b: &VirtualBlock<u64>, shadow: &Shadow) {
 }
 
 proptest! {
-    #![proptest_config(config(200))]
+    #![proptest_config(config(600))]
 
     /// Random allocate / free / clear / grow / defragment sequences on a TLSF block agree with
     /// a shadow interval map after every step, and an allocation fails exactly when no free
