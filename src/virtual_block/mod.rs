@@ -402,6 +402,7 @@ fn align_code(align: u64) -> NonZeroU8 {
 }
 
 /// The slot index of a live handle of block `id`, or why it is not one.
+#[inline(always)]
 fn check_handle<U>(slots: &[Slot<U>], id: NonZeroU32, a: Alloc) -> Result<usize, Error> {
     if a.block != id {
         return Err(Error::ForeignHandle);

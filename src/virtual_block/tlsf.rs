@@ -329,20 +329,21 @@ impl Tlsf {
     #[inline(always)]
     pub(crate) fn find(&self, size: u64, align: u64, strategy: Strategy) -> Option<(u32, u64)> {
         let mask = align - 1;
-        match strategy {
-            Strategy::MinMemory => self
-                .best_fit(size, mask)
-                .or_else(|| self.good_fit(size, mask))
-                .or_else(|| self.first_fit(size, mask)),
-            Strategy::MinOffset => self.lowest_fit(size, mask, u64::MAX),
-            Strategy::Balanced => self
-                .tight_fit(size, mask)
-                .or_else(|| self.good_fit(size, mask))
-                .or_else(|| self.first_fit(size, mask)),
-            Strategy::MinTime => self
-                .good_fit(size, mask)
-                .or_else(|| self.first_fit(size, mask)),
+        // Plain `if let` chains rather than `Option::or_else`: the closures were not always
+        // inlined, and returning the pair through memory cost more than the search itself.
+        let first = match strategy {
+            Strategy::MinOffset => return self.lowest_fit(size, mask, u64::MAX),
+            Strategy::MinMemory => self.best_fit(size, mask),
+            Strategy::Balanced => self.tight_fit(size, mask),
+            Strategy::MinTime => None,
+        };
+        if first.is_some() {
+            return first;
         }
+        if let Some(found) = self.good_fit(size, mask) {
+            return Some(found);
+        }
+        self.first_fit(size, mask)
     }
 
     /// O(1): the head of the first list whose every block fits even with worst-case padding.
@@ -375,6 +376,7 @@ impl Tlsf {
 
     /// Walks the lists that may hold a fitting block, lowest size first; the first block that
     /// fits wins. This is the exact fallback that rules out false out-of-memory failures.
+    #[inline(never)]
     fn first_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
         let (fl, sl) = bin_down(size);
         let mut list = self.first_list_from(fl, sl);
@@ -396,6 +398,7 @@ impl Tlsf {
     /// blocks examined. Lists are ordered by size, so the search starts at the request's own
     /// list and stops at the first list that holds a fitting block; the budget bounds the walk
     /// when many small blocks fail the alignment (then the good fit takes over).
+    #[inline(never)]
     fn best_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
         let (fl, sl) = bin_down(size);
         let mut list = self.first_list_from(fl, sl);
@@ -429,6 +432,7 @@ impl Tlsf {
     }
 
     /// The fitting block with the lowest offset below `below` (O(free ranges)).
+    #[inline(never)]
     pub(crate) fn lowest_fit(&self, size: u64, mask: u64, below: u64) -> Option<(u32, u64)> {
         let (fl, sl) = bin_down(size);
         let mut best: Option<(u32, u64)> = None;

@@ -235,7 +235,8 @@ struct ReplicaResult {
     alloc: f64,
     random: f64,
     free: f64,
-    total: f64,
+    /// Allocations left for the free phase.
+    remaining: usize,
     failures: u64,
 }
 
@@ -278,7 +279,7 @@ fn run_replica<C: Contender>(c: &mut C, w: &Replica, align: u64) -> ReplicaResul
         alloc: ns(t0, t1, FIRST_ALLOCS),
         random: ns(t1, t2, RANDOM_OPS),
         free: ns(t2, t3, remaining),
-        total: ns(t0, t3, FIRST_ALLOCS + RANDOM_OPS + remaining),
+        remaining,
         failures,
     }
 }
@@ -429,9 +430,11 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let reps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(7);
     let seeds: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(20);
-    // VB_ONLY=<index into CONTENDERS> runs just that contender (for profiling).
-    let only: Option<usize> = std::env::var("VB_ONLY").ok().and_then(|v| v.parse().ok());
-    let wanted = |k: usize| only.is_none_or(|o| o == k);
+    // VB_ONLY=<rows, e.g. 0,3> runs just those contenders (for profiling).
+    let only: Option<Vec<usize>> = std::env::var("VB_ONLY")
+        .ok()
+        .map(|v| v.split(',').filter_map(|k| k.trim().parse().ok()).collect());
+    let wanted = |k: usize| only.as_ref().is_none_or(|o| o.contains(&k));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("# Virtual block benchmark");
     println!();
@@ -485,17 +488,20 @@ fn main() {
                 median(&mut per_align.iter().map(f).collect::<Vec<_>>())
             };
             failures += per_align.iter().map(|r| r.failures).max().unwrap_or(0);
-            print!(
-                " {:.1} / {:.1} / {:.1} = **{:.1}** |",
-                med(|r| r.alloc),
-                med(|r| r.random),
-                med(|r| r.free),
-                med(|r| r.total)
-            );
+            // Overall: the phase medians weighted by their operation counts. (A median of
+            // whole-run totals is at the mercy of one preemption on a busy machine.)
+            let (a, r, f) = (med(|r| r.alloc), med(|r| r.random), med(|r| r.free));
+            let left = med(|r| r.remaining as f64);
+            let ops = FIRST_ALLOCS as f64 + RANDOM_OPS as f64 + left;
+            let overall = (a * FIRST_ALLOCS as f64 + r * RANDOM_OPS as f64 + f * left) / ops;
+            print!(" {a:.1} / {r:.1} / {f:.1} = **{overall:.1}** |");
         }
         println!(" {failures} |");
     }
 
+    if seeds == 0 {
+        return;
+    }
     println!();
     println!(
         "## Churn until the first failure (4 Mi units, sizes 1..=2056): median utilisation [min..max], false OOM count"
