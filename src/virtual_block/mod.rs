@@ -25,7 +25,8 @@
 //! - [`grow`](VirtualBlock::grow) in place, [`clear`](VirtualBlock::clear) at once, and
 //!   defragmentation in passes ([`defrag_pass`](VirtualBlock::defrag_pass)).
 //!
-//! A block is not synchronised (`Send`, but `&mut self` to change it), like VMA's.
+//! A block has no internal locking, like VMA's: every change takes `&mut self`, so share one
+//! between threads behind a `Mutex`.
 //!
 //! ```
 //! use tagalloc::virtual_block::{Request, Tag, VirtualBlock};

@@ -837,6 +837,18 @@ fn svg_has_bars_legend_and_escaped_text() {
 // ---- The O3DE facade.
 
 #[test]
+fn blocks_and_the_facade_can_move_between_threads() {
+    fn send<T: Send>(_: &T) {}
+    send(&VirtualBlock::<String>::new(1));
+    let mut memory = [0u8; 64];
+    let base = std::ptr::NonNull::new(memory.as_mut_ptr()).unwrap();
+    let f = ExternalMapAllocator::new("x", base, 64).unwrap();
+    send(&f);
+    let handle = std::thread::spawn(move || f.capacity());
+    assert_eq!(handle.join().unwrap(), 64);
+}
+
+#[test]
 fn facade_by_pointer() {
     let mut memory = vec![0u8; 4096];
     let base = std::ptr::NonNull::new(memory.as_mut_ptr()).unwrap();

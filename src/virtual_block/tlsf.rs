@@ -332,7 +332,7 @@ impl Tlsf {
         // Plain `if let` chains rather than `Option::or_else`: the closures were not always
         // inlined, and returning the pair through memory cost more than the search itself.
         let first = match strategy {
-            Strategy::MinOffset => return self.lowest_fit(size, mask, u64::MAX),
+            Strategy::MinOffset => return self.lowest_fit(size, mask),
             Strategy::MinMemory => self.best_fit(size, mask),
             Strategy::Balanced => self.tight_fit(size, mask),
             Strategy::MinTime => None,
@@ -431,9 +431,9 @@ impl Tlsf {
         None
     }
 
-    /// The fitting block with the lowest offset below `below` (O(free ranges)).
+    /// The fitting block with the lowest offset (O(free ranges)).
     #[inline(never)]
-    pub(crate) fn lowest_fit(&self, size: u64, mask: u64, below: u64) -> Option<(u32, u64)> {
+    fn lowest_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
         let (fl, sl) = bin_down(size);
         let mut best: Option<(u32, u64)> = None;
         let mut list = self.first_list_from(fl, sl);
@@ -441,7 +441,7 @@ impl Tlsf {
             let mut i = self.heads[fl * SL_COUNT + sl];
             while i != NIL {
                 let n = &self.nodes[i as usize];
-                if n.offset < below && best.is_none_or(|(_, b)| n.offset < b) {
+                if best.is_none_or(|(_, b)| n.offset < b) {
                     if let Some(at) = fit(n.offset, n.size, size, mask) {
                         best = Some((i, at));
                     }
