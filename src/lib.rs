@@ -11,5 +11,6 @@ pub mod schema;
 mod sync;
 mod system;
 mod thread_cache;
+pub mod virtual_block;
 
 pub use system::SystemAllocator;
