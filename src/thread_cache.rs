@@ -53,6 +53,9 @@ const fn bin_limit(class: usize) -> u32 {
     }) as u32
 }
 
+/// Blocks taken by the first refill of a bin.
+const FIRST_REFILL: u32 = 4;
+
 const STATE_NEW: u8 = 0;
 const STATE_ACTIVE: u8 = 1;
 const STATE_DEAD: u8 = 2;
@@ -62,6 +65,10 @@ const STATE_DEAD: u8 = 2;
 struct Bin {
     head: *mut FreeSlot,
     count: u32,
+    /// Blocks to take at the next refill: starts small so a short-lived thread that uses a
+    /// class once does not take (and later give back) a whole batch, and doubles with use
+    /// up to half the limit.
+    refill: u32,
     /// 0 until the cache is registered and again once it is dead, so that the first free
     /// of a new cache, and every free of a dead one, takes the slow path.
     limit: u32,
@@ -169,6 +176,7 @@ impl ThreadCache {
                 [Bin {
                     head: null_mut(),
                     count: 0,
+                    refill: FIRST_REFILL,
                     limit: 0,
                 }; CLASS_COUNT],
             ),
@@ -230,7 +238,8 @@ impl ThreadCache {
         }
         // SAFETY: owning thread, valid class.
         let bin = unsafe { self.bin(class) };
-        let want = (bin.limit as usize / 2).max(1);
+        let want = bin.refill.min(bin.limit / 2).max(1) as usize;
+        bin.refill = bin.refill.saturating_mul(2);
         let (head, got) = small.take_slots(class, want, HEAP.source());
         HEAP.after_slow_path();
         if got == 0 {

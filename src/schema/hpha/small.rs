@@ -415,7 +415,10 @@ impl SmallHeap {
         source: &impl PageSource,
     ) -> (*mut FreeSlot, usize) {
         let mut st = self.classes[class].0.lock();
+        // Slots are linked in the order taken (ascending addresses for fresh slots), so the
+        // program receives neighbouring blocks one after another.
         let mut head: *mut FreeSlot = null_mut();
+        let mut tail: *mut FreeSlot = null_mut();
         let mut got = 0;
         // SAFETY: partial pages are valid headers of this class and the class lock is held;
         // a slot is taken only while its page has room.
@@ -436,14 +439,21 @@ impl SmallHeap {
                         (*page).bump = s.add(elem);
                         s.cast()
                     };
-                    (*slot).next = head;
-                    head = slot;
+                    if tail.is_null() {
+                        head = slot;
+                    } else {
+                        (*tail).next = slot;
+                    }
+                    tail = slot;
                     got += 1;
                     (*page).used += 1;
                 }
                 if (*page).used == (*page).capacity {
                     st.unlink_partial(page);
                 }
+            }
+            if !tail.is_null() {
+                (*tail).next = null_mut();
             }
         }
         st.live_blocks += got;
