@@ -41,6 +41,9 @@ const MIN_SPLIT: usize = HDR + MIN_PAYLOAD;
 pub const CHUNK_SIZE: usize = 4 * 1024 * 1024;
 /// Payloads of at least this size get a mapping of their own.
 pub const DIRECT_THRESHOLD: usize = 16 * 1024 * 1024;
+/// A block reallocated to at least this size that cannot grow in place moves into a mapping
+/// of its own (so that further growth is an `mremap`).
+pub const GROW_DIRECT_MIN: usize = 1024 * 1024;
 /// Alignments above this get a mapping of their own.
 pub const MAX_TREE_ALIGN: usize = 64 * 1024;
 /// Bytes of empty chunks kept mapped (until the purge delay passes) to avoid map/unmap
@@ -647,9 +650,6 @@ impl LargeHeap {
             if flags(b) & DIRECT != 0 {
                 return self.resize_direct(b, new_payload, align, source);
             }
-            if new_payload >= DIRECT_THRESHOLD {
-                return None;
-            }
             let mut st = self.state.lock();
             let old = size(b);
             if new_payload <= old {
@@ -657,7 +657,7 @@ impl LargeHeap {
                 return Some((ptr, size(b)));
             }
             let n = next(b);
-            if !is_used(n) && old + HDR + size(n) >= new_payload {
+            if new_payload < DIRECT_THRESHOLD && !is_used(n) && old + HDR + size(n) >= new_payload {
                 st.remove_free(n);
                 let merged = old + HDR + size(n);
                 (*b).size_flags = merged | USED;
@@ -665,6 +665,15 @@ impl LargeHeap {
                 st.granted_bytes += merged - old;
                 st.trim(b, new_payload, stamp);
                 return Some((ptr, size(b)));
+            }
+            drop(st);
+            // A block that keeps growing moves into a mapping of its own, which later grows
+            // with `mremap`: the kernel moves page tables instead of us copying bytes.
+            if new_payload >= GROW_DIRECT_MIN && align <= source.granularity() {
+                let grant = self.allocate_direct(new_payload, align, source)?;
+                core::ptr::copy_nonoverlapping(ptr, grant.ptr, old);
+                self.free(ptr, source, stamp, true);
+                return Some((grant.ptr, grant.size));
             }
             None
         }

@@ -25,7 +25,7 @@ use purge::{Cutoff, PurgeClock};
 use size_class::{class_for, class_size};
 use small::SmallHeap;
 
-pub use large::{CHUNK_SIZE, DIRECT_THRESHOLD, MAX_TREE_ALIGN};
+pub use large::{CHUNK_SIZE, DIRECT_THRESHOLD, GROW_DIRECT_MIN, MAX_TREE_ALIGN};
 pub use size_class::MAX_SMALL;
 pub use small::{PAGE_SIZE as SMALL_PAGE_SIZE, SEGMENT_SIZE};
 
