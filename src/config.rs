@@ -8,6 +8,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `TAGALLOC_PURGE_DELAY_MS` | milliseconds free memory stays mapped before it goes back to the OS; `0` = at once, `never` = only on `garbage_collect` | 1000 |
+//! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for small-block segments: `auto` (once the heap passes 8 MiB), `always`, `never` | `auto` |
 
 use crate::fatal::{StackText, write_stderr};
 use core::ffi::CStr;
@@ -74,6 +75,44 @@ pub(crate) fn purge_delay_from_env() -> PurgeDelay {
     }
 }
 
+/// When small-block segments get transparent huge pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HugePages {
+    /// Once the small-block heap has grown past 8 MiB: large heaps get fewer TLB misses,
+    /// small programs keep a small resident set.
+    Auto,
+    /// From the first segment.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// Parses `auto`, `always`/`1`/`on` or `never`/`0`/`off`.
+pub fn parse_huge_pages(text: &[u8]) -> Result<HugePages, &'static str> {
+    let t = text.trim_ascii();
+    let is = |words: &[&str]| words.iter().any(|w| t.eq_ignore_ascii_case(w.as_bytes()));
+    if is(&["auto"]) {
+        Ok(HugePages::Auto)
+    } else if is(&["always", "1", "on", "yes"]) {
+        Ok(HugePages::Always)
+    } else if is(&["never", "0", "off", "no"]) {
+        Ok(HugePages::Never)
+    } else {
+        Err("expected `auto`, `always` or `never`")
+    }
+}
+
+/// The huge-page setting the environment asks for (default `Auto`); warns about bad values.
+pub(crate) fn huge_pages_from_env() -> HugePages {
+    match env_bytes(c"TAGALLOC_HUGE_PAGES") {
+        None => HugePages::Auto,
+        Some(value) => parse_huge_pages(value).unwrap_or_else(|why| {
+            warn_bad_value("TAGALLOC_HUGE_PAGES", value, why);
+            HugePages::Auto
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +131,14 @@ mod tests {
         assert!(parse_purge_delay(b"-5").is_err());
         assert!(parse_purge_delay(b"99999999999999999999999").is_err());
         assert!(parse_purge_delay("\u{1F600}".as_bytes()).is_err());
+    }
+
+    #[test]
+    fn huge_page_settings_parse_or_explain() {
+        assert_eq!(parse_huge_pages(b"auto"), Ok(HugePages::Auto));
+        assert_eq!(parse_huge_pages(b" ALWAYS"), Ok(HugePages::Always));
+        assert_eq!(parse_huge_pages(b"0"), Ok(HugePages::Never));
+        assert!(parse_huge_pages(b"").is_err());
+        assert!(parse_huge_pages(b"sometimes").is_err());
     }
 }

@@ -42,6 +42,15 @@ pub unsafe trait PageSource: Sync {
     /// anyone still needs.
     unsafe fn purge(&self, ptr: *mut u8, len: usize) -> bool;
 
+    /// Asks for the range to be backed by huge pages where the system supports it (Linux
+    /// transparent huge pages). A hint: it may do nothing.
+    ///
+    /// # Safety
+    /// The range must lie inside one live mapping from this source.
+    unsafe fn hint_huge_pages(&self, ptr: *mut u8, len: usize) {
+        let _ = (ptr, len);
+    }
+
     /// Resizes a mapping, moving it if needed, keeping its contents (Linux `mremap`). Returns
     /// null if unsupported or failed, in which case the old mapping is untouched. The result
     /// is only granularity-aligned.
@@ -293,6 +302,13 @@ unsafe impl PageSource for OsAllocator {
             PURGED_BYTES.fetch_add(len, Relaxed);
         }
         rc == 0
+    }
+
+    #[cfg(target_os = "linux")]
+    unsafe fn hint_huge_pages(&self, ptr: *mut u8, len: usize) {
+        // SAFETY: the caller passes a range inside a live mapping; the advice changes only
+        // how the kernel backs it.
+        unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) };
     }
 
     #[cfg(target_os = "linux")]

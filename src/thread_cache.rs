@@ -478,6 +478,7 @@ pub(crate) fn flush_current_thread() {
 pub(crate) fn apply_environment_once() {
     if !ENV_APPLIED.load(Relaxed) && !ENV_APPLIED.swap(true, Relaxed) {
         HEAP.set_purge_delay(config::purge_delay_from_env());
+        HphaSchema::<OsAllocator>::set_huge_pages(config::huge_pages_from_env());
     }
 }
 static ENV_APPLIED: AtomicBool = AtomicBool::new(false);

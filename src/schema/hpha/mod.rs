@@ -264,6 +264,18 @@ impl<S: PageSource> HphaSchema<S> {
         self.clock.set_delay_ms(ms);
     }
 
+    /// Chooses when small-block segments ask for transparent huge pages (for every heap in
+    /// the process: the setting is global).
+    pub fn set_huge_pages(mode: crate::config::HugePages) {
+        use crate::config::HugePages;
+        let from = match mode {
+            HugePages::Auto => 4,
+            HugePages::Always => 0,
+            HugePages::Never => usize::MAX,
+        };
+        small::HUGE_PAGES_FROM_SEGMENT.store(from, core::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The delay set with [`set_purge_delay`](Self::set_purge_delay).
     pub fn purge_delay(&self) -> Option<core::time::Duration> {
         let ms = self.clock.delay_ms();

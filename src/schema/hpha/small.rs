@@ -19,13 +19,18 @@ use crate::fatal::fatal;
 use crate::os::PageSource;
 use crate::sync::SpinLock;
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Bytes per small-block page; also the alignment used to find a page header.
 pub const PAGE_SIZE: usize = 64 * 1024;
 /// Bytes per segment, the unit mapped from the page source.
 pub const SEGMENT_SIZE: usize = 2 * 1024 * 1024;
 const PAGES_PER_SEGMENT: usize = SEGMENT_SIZE / PAGE_SIZE;
+
+/// Segments after this many are backed by transparent huge pages (fewer TLB misses for
+/// programs with large heaps); a small program keeps small pages and a small RSS.
+/// `usize::MAX` turns huge pages off.
+pub(crate) static HUGE_PAGES_FROM_SEGMENT: AtomicUsize = AtomicUsize::new(4);
 
 /// Whether double frees and foreign frees of small blocks are checked with a bitmap.
 pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
@@ -50,6 +55,8 @@ pub(crate) struct PageHeader {
     marker: usize,
     /// LIFO list of freed slots.
     free: *mut FreeSlot,
+    /// Slots in `free`.
+    free_count: u32,
     /// Next never-used slot; slots from here to the page end were never handed out.
     bump: *mut u8,
     /// Links in the class's partial list, or in the pool's free list.
@@ -240,6 +247,10 @@ impl PagePool {
                 if seg.is_null() {
                     return null_mut();
                 }
+                let huge_from = HUGE_PAGES_FROM_SEGMENT.load(Relaxed);
+                if huge_from != usize::MAX && self.segment_count >= huge_from {
+                    source.hint_huge_pages(seg.cast(), SEGMENT_SIZE);
+                }
                 // Fresh mappings read as zero, so only the non-zero fields need writing.
                 (*seg).seg_next = self.segments;
                 if !self.segments.is_null() {
@@ -376,6 +387,7 @@ impl SmallHeap {
         unsafe {
             (*page).marker = page_marker(page);
             (*page).free = null_mut();
+            (*page).free_count = 0;
             (*page).bump = page.cast::<u8>().add(PAGE_SIZE - capacity * elem);
             (*page).class = class as u16;
             (*page).in_partial = false;
@@ -406,8 +418,10 @@ impl SmallHeap {
         true
     }
 
-    /// Hands out up to `max` slots of `class`, linked through their first word. Returns the
-    /// list head and how many slots it holds (0 when the source is out of memory).
+    /// Hands out about `max` slots of `class`, linked through their first word: up to `max`,
+    /// or (when `max > 1`) up to `2 * max` if a page's whole free list can be handed over
+    /// without walking it. Returns the list head and how many slots it holds (0 when the
+    /// source is out of memory).
     pub(crate) fn take_slots(
         &self,
         class: usize,
@@ -429,10 +443,31 @@ impl SmallHeap {
                 }
                 let page = st.partial;
                 let elem = (*page).elem as usize;
+                let free_count = (*page).free_count as usize;
+                if max > 1 && free_count > 0 && free_count <= 2 * (max - got) {
+                    // Take the page's whole free list as the chain's last segment, without
+                    // touching its slots: they are cold, and the program will touch each
+                    // one when it uses it anyway.
+                    if tail.is_null() {
+                        head = (*page).free;
+                    } else {
+                        (*tail).next = (*page).free;
+                    }
+                    tail = null_mut();
+                    (*page).free = null_mut();
+                    (*page).free_count = 0;
+                    (*page).used += free_count as u32;
+                    got += free_count;
+                    if (*page).used == (*page).capacity {
+                        st.unlink_partial(page);
+                    }
+                    break;
+                }
                 while got < max && (*page).used < (*page).capacity {
                     let slot: *mut FreeSlot = if !(*page).free.is_null() {
                         let s = (*page).free;
                         (*page).free = (*s).next;
+                        (*page).free_count -= 1;
                         s
                     } else {
                         let s = (*page).bump;
@@ -505,6 +540,7 @@ impl SmallHeap {
             }
             (*slot).next = (*page).free;
             (*page).free = slot;
+            (*page).free_count += 1;
             if !(*page).in_partial {
                 st.push_partial(page);
             }
@@ -634,6 +670,15 @@ impl SmallHeap {
                     }
                     if (*page).used >= (*page).capacity {
                         return Err("full page in a partial list");
+                    }
+                    let mut listed = 0;
+                    let mut slot = (*page).free;
+                    while !slot.is_null() {
+                        listed += 1;
+                        slot = (*slot).next;
+                    }
+                    if listed != (*page).free_count {
+                        return Err("page free count differs from its free list");
                     }
                     n += 1;
                     page = (*page).next;
