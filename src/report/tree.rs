@@ -52,6 +52,9 @@ fn order(snapshot: &Snapshot) -> Vec<(usize, String)> {
     out
 }
 
+/// The label of the last line.
+const TOTALS: &str = "Totals (each byte once)";
+
 pub(super) fn write(snapshot: &Snapshot, out: &mut dyn io::Write) -> io::Result<()> {
     let lines = order(snapshot);
     let width = lines
@@ -59,7 +62,7 @@ pub(super) fn write(snapshot: &Snapshot, out: &mut dyn io::Write) -> io::Result<
         .map(|(_, l)| l.chars().count())
         .max()
         .unwrap_or(0)
-        .max("Allocator".len());
+        .max(TOTALS.len());
     writeln!(
         out,
         "{:<width$}  {:>10}  {:>10}  {:>10}  {:>9}  {:>10}  {:>7}  Description",
@@ -108,7 +111,7 @@ pub(super) fn write(snapshot: &Snapshot, out: &mut dyn io::Write) -> io::Result<
     writeln!(
         out,
         "{:<width$}  {:>10}  {:>10}  {:>10}",
-        "Totals (each byte once)",
+        TOTALS,
         human(t.used_bytes),
         human(t.reserved_bytes),
         human(t.consumed_bytes),
