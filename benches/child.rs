@@ -59,15 +59,21 @@ fn pairs(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("child/pair", size), &layout, |b, &l| {
             b.iter(|| pair(Tagged, l))
         });
-        group.bench_with_input(BenchmarkId::new("child/pair_api", size), &layout, |b, &l| {
-            b.iter(|| pair_api(&Tagged, l))
-        });
-        group.bench_with_input(BenchmarkId::new("grandchild/pair", size), &layout, |b, &l| {
-            b.iter(|| pair(Nested, l))
-        });
-        group.bench_with_input(BenchmarkId::new("system/batch64", size), &layout, |b, &l| {
-            b.iter(|| batch(SystemAllocator::new(), l))
-        });
+        group.bench_with_input(
+            BenchmarkId::new("child/pair_api", size),
+            &layout,
+            |b, &l| b.iter(|| pair_api(&Tagged, l)),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("grandchild/pair", size),
+            &layout,
+            |b, &l| b.iter(|| pair(Nested, l)),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("system/batch64", size),
+            &layout,
+            |b, &l| b.iter(|| batch(SystemAllocator::new(), l)),
+        );
         group.bench_with_input(BenchmarkId::new("child/batch64", size), &layout, |b, &l| {
             b.iter(|| batch(Tagged, l))
         });

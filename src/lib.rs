@@ -1,7 +1,11 @@
 #![doc = include_str!("../README.md")]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
-#![cfg_attr(feature = "nightly", feature(allocator_api, allow_internal_unstable))]
+#![cfg_attr(
+    feature = "nightly",
+    feature(allow_internal_unstable),
+    allow(internal_features)
+)]
 
 // The hierarchy, bottom to top: the OS layer, the schemas (algorithms), the allocators.
 mod fatal;
