@@ -8,12 +8,12 @@
 pub mod hpha;
 mod parent;
 pub mod pool;
-//TP pub mod thread_pool;
+pub mod thread_pool;
 
 pub use hpha::{HphaSchema, HphaStats};
 pub use parent::PageParent;
 pub use pool::{PoolConfig, PoolConfigError, PoolSchema, PoolStats};
-//TP pub use thread_pool::ThreadPoolSchema;
+pub use thread_pool::ThreadPoolSchema;
 
 use core::ptr::NonNull;
 

@@ -167,6 +167,77 @@ unsafe fn live_bit(page: *mut PageHeader, slot: *mut u8) -> (*mut u64, u64) {
     }
 }
 
+/// A stack of pages serving no class, linked through their `next` field.
+pub(crate) struct EmptyList {
+    head: *mut PageHeader,
+    count: usize,
+}
+
+impl EmptyList {
+    pub(crate) const fn new() -> Self {
+        Self {
+            head: null_mut(),
+            count: 0,
+        }
+    }
+
+    /// Pushes a page, marking it as serving no class.
+    ///
+    /// # Safety
+    /// `page` must be a page-sized, page-aligned block owned by the list's owner, in no list.
+    #[inline]
+    pub(crate) unsafe fn push(&mut self, page: *mut PageHeader) {
+        // SAFETY: the page is ours; only `next` is used while it is empty.
+        unsafe {
+            (*page).marker = 0;
+            (*page).class = NO_CLASS;
+            (*page).owner = core::ptr::null();
+            (*page).next = self.head;
+        }
+        self.head = page;
+        self.count += 1;
+    }
+
+    /// Takes a page, if any.
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<*mut PageHeader> {
+        let page = self.head;
+        if page.is_null() {
+            return None;
+        }
+        // SAFETY: pages in the list are valid.
+        self.head = unsafe { (*page).next };
+        self.count -= 1;
+        Some(page)
+    }
+
+    /// Pages in the list.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Checks that the count matches the links and every page serves no class.
+    pub(crate) fn validate(&self) -> Result<usize, &'static str> {
+        let mut page = self.head;
+        let mut n = 0;
+        while !page.is_null() {
+            // SAFETY: listed pages are valid.
+            unsafe {
+                if (*page).class != NO_CLASS {
+                    return Err("empty page still has a class");
+                }
+                page = (*page).next;
+            }
+            n += 1;
+        }
+        if n != self.count {
+            return Err("empty count is wrong");
+        }
+        Ok(n)
+    }
+}
+
 /// A class's pages.
 #[derive(Clone, Copy)]
 struct ClassLists {
@@ -177,9 +248,8 @@ struct ClassLists {
 /// Pages of one heap: per-class partial and full lists, and a list of empty pages.
 pub(crate) struct Pages {
     classes: [ClassLists; MAX_CLASSES],
-    /// Pages serving no class (singly linked through `next`).
-    empty: *mut PageHeader,
-    empty_count: usize,
+    /// Pages serving no class.
+    empty: EmptyList,
 }
 
 /// Unlinks `page` from the doubly linked list whose head is `*head`.
@@ -226,8 +296,7 @@ impl Pages {
                 partial: null_mut(),
                 full: null_mut(),
             }; MAX_CLASSES],
-            empty: null_mut(),
-            empty_count: 0,
+            empty: EmptyList::new(),
         }
     }
 
@@ -383,6 +452,7 @@ impl Pages {
     ///
     /// # Safety
     /// `page` must be a valid header in no list.
+    #[inline]
     unsafe fn retire(page: *mut PageHeader) {
         // SAFETY: forwarded.
         unsafe {
@@ -396,32 +466,22 @@ impl Pages {
     ///
     /// # Safety
     /// `page` must be a page-sized, page-aligned block owned by this heap, in no list.
+    #[inline]
     pub(crate) unsafe fn push_empty(&mut self, page: *mut PageHeader) {
-        // SAFETY: the page is ours; only `next` is used while it is empty.
-        unsafe {
-            (*page).marker = 0;
-            (*page).class = NO_CLASS;
-            (*page).next = self.empty;
-        }
-        self.empty = page;
-        self.empty_count += 1;
+        // SAFETY: forwarded.
+        unsafe { self.empty.push(page) }
     }
 
     /// Takes an empty page, if the heap keeps one.
+    #[inline]
     pub(crate) fn pop_empty(&mut self) -> Option<*mut PageHeader> {
-        let page = self.empty;
-        if page.is_null() {
-            return None;
-        }
-        // SAFETY: pages in the empty list are valid.
-        self.empty = unsafe { (*page).next };
-        self.empty_count -= 1;
-        Some(page)
+        self.empty.pop()
     }
 
     /// How many empty pages the heap keeps.
+    #[inline]
     pub(crate) fn empty_count(&self) -> usize {
-        self.empty_count
+        self.empty.len()
     }
 
     /// Moves the empty pages still serving a class (each class keeps its last partial page
@@ -511,21 +571,7 @@ impl Pages {
                 }
             }
         }
-        let mut page = self.empty;
-        let mut n = 0;
-        while !page.is_null() {
-            // SAFETY: empty pages are valid.
-            unsafe {
-                if (*page).class != NO_CLASS {
-                    return Err("empty page still has a class");
-                }
-                page = (*page).next;
-            }
-            n += 1;
-        }
-        if n != self.empty_count {
-            return Err("empty count is wrong");
-        }
+        let n = self.empty.validate()?;
         Ok((live, pages + n))
     }
 }
