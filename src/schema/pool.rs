@@ -390,15 +390,17 @@ pub(crate) fn next_uid() -> usize {
 }
 
 /// Writes a note on stderr (debug builds only) that a request was refused; never allocates.
+/// `first` says whether this is the pool's first refusal: only that one is noted, so a
+/// caller that tries the pool and falls back to another allocator does not flood stderr.
 #[cold]
 #[inline(never)]
-pub(crate) fn report_refused(cfg: &PoolConfig, layout: Layout) {
-    if cfg!(debug_assertions) {
+pub(crate) fn report_refused(cfg: &PoolConfig, layout: Layout, first: bool) {
+    if cfg!(debug_assertions) && first {
         let mut text = StackText::<320>::new();
         let _ = writeln!(
             text,
             "tagalloc: pool '{}': request of {} bytes aligned to {} refused: this pool serves \
-             {}..={} bytes with alignment up to {}",
+             {}..={} bytes with alignment up to {} (further refusals are not noted)",
             cfg.name(),
             layout.size(),
             layout.align(),
@@ -453,6 +455,8 @@ pub(crate) fn class_for_free(cfg: &PoolConfig, ptr: NonNull<u8>, layout: Layout)
 pub struct PoolSchema<P: PageParent = SystemAllocator> {
     parent: P,
     config: PoolConfig,
+    /// Whether a refused request was already noted on stderr.
+    refusal_noted: core::cell::Cell<bool>,
     /// Everything that changes. Accessed only on the owning thread (`!Sync`), and never
     /// borrowed across a call to the parent, so a parent is free to do anything but call
     /// back into this pool.
@@ -487,6 +491,7 @@ impl<P: PageParent> PoolSchema<P> {
         Self {
             parent,
             config,
+            refusal_noted: core::cell::Cell::new(false),
             state: UnsafeCell::new(PoolState {
                 pages: Pages::new(),
                 uid: 0,
@@ -512,11 +517,11 @@ impl<P: PageParent> PoolSchema<P> {
 
     /// Allocates a block for `layout`: `None` when the request is outside the pool's range
     /// (too large, or too aligned once rounded) or the parent is out of memory. In debug
-    /// builds a refused request is noted on stderr with the pool's name.
+    /// builds the pool's first refused request is noted on stderr with the pool's name.
     #[inline]
     pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
         let Some(class) = self.config.class_of(layout) else {
-            report_refused(&self.config, layout);
+            report_refused(&self.config, layout, !self.refusal_noted.replace(true));
             return None;
         };
         // SAFETY: `!Sync`: only this thread is in the pool, and no other borrow of the state

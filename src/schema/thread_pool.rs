@@ -33,7 +33,7 @@ use crate::system::SystemAllocator;
 use core::alloc::Layout;
 use core::ptr::{NonNull, null_mut};
 use core::sync::atomic::{
-    AtomicPtr,
+    AtomicBool, AtomicPtr,
     Ordering::{AcqRel, Acquire, Relaxed},
 };
 use heap::{Core, LOCAL_EMPTY_PAGES, ThreadHeap};
@@ -74,6 +74,8 @@ pub struct ThreadPoolSchema<P: PageParent = SystemAllocator> {
     config: PoolConfig,
     /// The shared state, allocated from the parent on first use; null before.
     core: AtomicPtr<Core>,
+    /// Whether a refused request was already noted on stderr.
+    refusal_noted: AtomicBool,
 }
 
 impl<P: PageParent> ThreadPoolSchema<P> {
@@ -89,6 +91,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
             parent,
             config,
             core: AtomicPtr::new(null_mut()),
+            refusal_noted: AtomicBool::new(false),
         }
     }
 
@@ -208,12 +211,13 @@ impl<P: PageParent> ThreadPoolSchema<P> {
     }
 
     /// Allocates a block for `layout`: `None` when the request is outside the pool's range
-    /// or the parent is out of memory. In debug builds a refused request is noted on stderr
-    /// with the pool's name.
+    /// or the parent is out of memory. In debug builds the pool's first refused request is
+    /// noted on stderr with the pool's name.
     #[inline]
     pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
         let Some(class) = self.config.class_of(layout) else {
-            report_refused(&self.config, layout);
+            let first = !self.refusal_noted.swap(true, Relaxed);
+            report_refused(&self.config, layout, first);
             return None;
         };
         let core = self.core()?;
