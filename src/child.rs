@@ -30,6 +30,9 @@ use core::ptr::NonNull;
 /// aliased by any other live block, until freed. The granted size reported for a block
 /// must be the same at allocation, at any resize that keeps it, and at its free.
 pub unsafe trait BlockAllocator: Copy + Default + Send + Sync + 'static {
+    /// A value of the handle, for `const` contexts (handles are zero-sized).
+    const INSTANCE: Self;
+
     /// This allocator's registry entry.
     fn registration() -> &'static Registration;
 
@@ -66,6 +69,8 @@ pub unsafe trait BlockAllocator: Copy + Default + Send + Sync + 'static {
 // which SystemAllocator upholds); granted sizes come from `usable_size`, which depends only
 // on the block (and on the layout's size within the requested..=granted range).
 unsafe impl BlockAllocator for SystemAllocator {
+    const INSTANCE: Self = SystemAllocator::new();
+
     fn registration() -> &'static Registration {
         &SYSTEM
     }
@@ -131,7 +136,7 @@ impl<P: BlockAllocator> Child<P> {
     pub fn new(registration: &'static Registration) -> Self {
         Self {
             registration,
-            parent: P::default(),
+            parent: P::INSTANCE,
         }
     }
 

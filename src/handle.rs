@@ -179,16 +179,30 @@ pub unsafe fn global_realloc<B: BlockAllocator>(
 ///
 /// ```text
 /// allocator!( [#[attributes]] [pub] Name: child of Parent [, "description"] );
+/// allocator!( [#[attributes]] [pub] Name: pool of Parent
+///             [{ page_size: P, min_size: MIN, max_size: MAX }] [, "description"] );
+/// allocator!( [#[attributes]] [pub] Name: thread_pool of Parent
+///             [{ page_size: P, min_size: MIN, max_size: MAX }] [, "description"] );
 /// ```
 ///
+/// - `child of`: a pass-through that counts its own blocks (O3DE's child allocator).
+/// - `pool of`: fixed size classes from `MIN` to `MAX` bytes on `P`-byte pages taken from
+///   the parent ([`PoolCore`](crate::pools::PoolCore): one thread at a time, behind a spin
+///   lock). Without the braces, O3DE's geometry: 4 KiB pages, 8..=512 bytes.
+/// - `thread_pool of`: the same with one heap per thread
+///   ([`ThreadPoolCore`](crate::pools::ThreadPoolCore)), for any number of threads.
+///
+/// The geometry is checked at compile time ([`PoolConfig::new`](crate::schema::PoolConfig::new)).
+/// Pools refuse requests outside their classes with an error (see [`pools`](crate::pools)).
+///
 /// `Parent` is [`SystemAllocator`](crate::SystemAllocator) or any handle declared with this
-/// macro, including another child. The allocator appears in the registry under `Name` on
-/// first use, with the description and its parent, and its statistics are part of its
-/// parent's.
+/// macro, including another child or a pool. The allocator appears in the registry under
+/// `Name` on first use, with the description and its parent, and its statistics are part of
+/// its parent's.
 ///
 /// The handle gets `Clone, Copy, Debug, Default, PartialEq, Eq, Hash`, the traits listed in
 /// the [module docs](crate::handle), and inherent methods `stats()`, `set_budget()` and
-/// `registration()`.
+/// `registration()` (pools also `config()` and `garbage_collect()`).
 ///
 /// ```
 /// use allocator_api2::vec::Vec;
@@ -215,10 +229,159 @@ pub unsafe fn global_realloc<B: BlockAllocator>(
 /// drop((nodes, names));
 /// assert_eq!(ScriptCanvasAllocator.stats().live_granted_bytes, 0);
 /// ```
+///
+/// Pools, with and without a geometry:
+///
+/// ```
+/// use allocator_api2::boxed::Box;
+/// use tagalloc::SystemAllocator;
+///
+/// tagalloc::allocator!(pub EventPool: pool of SystemAllocator, "UI events");
+/// tagalloc::allocator!(
+///     pub ParticleAllocator: thread_pool of SystemAllocator
+///         { page_size: 65536, min_size: 16, max_size: 256 },
+///     "Particles"
+/// );
+///
+/// let event = Box::new_in([0u8; 40], EventPool);
+/// let sparks: Vec<_> = (0..100).map(|i| Box::new_in([i as f32; 8], ParticleAllocator)).collect();
+/// assert_eq!(EventPool.stats().live_granted_bytes, 40);
+/// assert_eq!(ParticleAllocator.stats().live_granted_bytes, 100 * 32);
+/// // Pages (and per-thread bookkeeping) are held from the parent.
+/// assert!(ParticleAllocator.stats().reserved_bytes >= 65536);
+/// // Too large for the pool: an error, not undefined behaviour.
+/// assert!(Box::try_new_in([0u8; 300], ParticleAllocator).is_err());
+/// drop((event, sparks));
+/// ```
 #[macro_export]
 macro_rules! allocator {
     (@description) => { "" };
     (@description $description:literal) => { $description };
+
+    (@config $name:ident) => {
+        $crate::schema::PoolConfig::DEFAULT.with_name(stringify!($name))
+    };
+    (@config $name:ident $page_size:expr, $min_size:expr, $max_size:expr) => {
+        match $crate::schema::PoolConfig::new($page_size, $min_size, $max_size) {
+            ::core::result::Result::Ok(config) => config.with_name(stringify!($name)),
+            ::core::result::Result::Err(_) => ::core::panic!(concat!(
+                "tagalloc::allocator!: invalid pool geometry for ", stringify!($name),
+                " (see tagalloc::schema::PoolConfig::new for the rules)"
+            )),
+        }
+    };
+
+    ($(#[$meta:meta])* $vis:vis $name:ident : pool of $parent:ty
+        $({ page_size: $page_size:expr, min_size: $min_size:expr, max_size: $max_size:expr $(,)? })?
+        $(, $description:literal)? $(,)?) => {
+        $crate::allocator!(@pool PoolCore, Pool, "Pool",
+            $(#[$meta])* $vis $name, $parent,
+            $crate::allocator!(@config $name $($page_size, $min_size, $max_size)?),
+            $crate::allocator!(@description $($description)?));
+    };
+
+    ($(#[$meta:meta])* $vis:vis $name:ident : thread_pool of $parent:ty
+        $({ page_size: $page_size:expr, min_size: $min_size:expr, max_size: $max_size:expr $(,)? })?
+        $(, $description:literal)? $(,)?) => {
+        $crate::allocator!(@pool ThreadPoolCore, ThreadPool, "Thread-pool",
+            $(#[$meta])* $vis $name, $parent,
+            $crate::allocator!(@config $name $($page_size, $min_size, $max_size)?),
+            $crate::allocator!(@description $($description)?));
+    };
+
+    (@pool $core:ident, $kind:ident, $label:literal, $(#[$meta:meta])* $vis:vis $name:ident, $parent:ty,
+        $config:expr, $description:expr) => {
+        $(#[$meta])*
+        #[doc = concat!(
+            $label, " allocator `", stringify!($name), "` (pages from `", stringify!($parent),
+            "`), declared with `tagalloc::allocator!`."
+        )]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+        $vis struct $name;
+
+        const _: () = {
+            static CORE: $crate::pools::$core<$parent> =
+                $crate::pools::$core::new(<$parent as $crate::BlockAllocator>::INSTANCE, $config);
+
+            fn read(_: &'static $crate::Registration) -> $crate::AllocatorStats {
+                CORE.stats()
+            }
+
+            static REGISTRATION: $crate::Registration = $crate::Registration::new(
+                stringify!($name),
+                $description,
+                $crate::AllocatorKind::$kind,
+                ::core::option::Option::Some(<$parent as $crate::BlockAllocator>::registration),
+                read,
+            );
+
+            impl $name {
+                /// The pool's geometry (page size, smallest and largest block).
+                pub fn config(self) -> $crate::schema::PoolConfig {
+                    CORE.config()
+                }
+
+                /// Returns the pool's empty pages to its parent.
+                pub fn garbage_collect(self) {
+                    CORE.garbage_collect();
+                }
+            }
+
+            // SAFETY: blocks come from the pool schema, which hands out valid, aligned,
+            // unaliased slots of its class size and reports that size.
+            unsafe impl $crate::BlockAllocator for $name {
+                const INSTANCE: Self = $name;
+                #[inline]
+                fn registration() -> &'static $crate::Registration {
+                    &REGISTRATION
+                }
+                #[inline]
+                fn allocate_block(
+                    self,
+                    layout: ::core::alloc::Layout,
+                ) -> ::core::option::Option<$crate::schema::Allocation> {
+                    CORE.allocate(&REGISTRATION, layout, false)
+                }
+                #[inline]
+                fn allocate_block_zeroed(
+                    self,
+                    layout: ::core::alloc::Layout,
+                ) -> ::core::option::Option<$crate::schema::Allocation> {
+                    CORE.allocate(&REGISTRATION, layout, true)
+                }
+                #[inline]
+                unsafe fn deallocate_block(
+                    self,
+                    ptr: ::core::ptr::NonNull<u8>,
+                    layout: ::core::alloc::Layout,
+                ) -> usize {
+                    // SAFETY: forwarded from the caller.
+                    unsafe { CORE.deallocate(ptr, layout) }
+                }
+                #[inline]
+                unsafe fn reallocate_block(
+                    self,
+                    ptr: ::core::ptr::NonNull<u8>,
+                    layout: ::core::alloc::Layout,
+                    new_size: usize,
+                ) -> ::core::option::Option<($crate::schema::Allocation, usize)> {
+                    // SAFETY: forwarded from the caller; the closures are this pool's own
+                    // allocate and free.
+                    unsafe {
+                        $crate::pools::reallocate_in_pool(
+                            CORE.config(),
+                            ptr,
+                            layout,
+                            new_size,
+                            |l| CORE.allocate(&REGISTRATION, l, false),
+                            |p, l| CORE.deallocate(p, l),
+                        )
+                    }
+                }
+            }
+        };
+        $crate::__handle_common!($name);
+    };
 
     ($(#[$meta:meta])* $vis:vis $name:ident : child of $parent:ty $(, $description:literal)? $(,)?) => {
         $(#[$meta])*
@@ -247,6 +410,7 @@ macro_rules! allocator {
             // SAFETY: every block comes from the parent, a `BlockAllocator`, unchanged; the
             // granted sizes are the parent's.
             unsafe impl $crate::BlockAllocator for $name {
+                const INSTANCE: Self = $name;
                 #[inline]
                 fn registration() -> &'static $crate::Registration {
                     &REGISTRATION
@@ -424,6 +588,27 @@ macro_rules! __handle_common {
                 // SAFETY: forwarded from the caller.
                 unsafe { $crate::handle::shrink(*self, ptr, old, new) }
                     .ok_or($crate::allocator_api2::alloc::AllocError)
+            }
+        }
+
+        // SAFETY: pages are blocks of this allocator (valid, aligned, unaliased); a handle
+        // never calls back into a pool that uses it as its parent.
+        unsafe impl $crate::schema::PageParent for $name {
+            #[inline]
+            fn allocate_page(
+                &self,
+                layout: ::core::alloc::Layout,
+            ) -> ::core::option::Option<::core::ptr::NonNull<u8>> {
+                <Self as $crate::BlockAllocator>::allocate_block(*self, layout).map(|b| b.ptr)
+            }
+            #[inline]
+            unsafe fn free_page(
+                &self,
+                ptr: ::core::ptr::NonNull<u8>,
+                layout: ::core::alloc::Layout,
+            ) {
+                // SAFETY: forwarded from the caller.
+                unsafe { <Self as $crate::BlockAllocator>::deallocate_block(*self, ptr, layout) };
             }
         }
 

@@ -18,6 +18,7 @@ mod system;
 mod budget;
 pub mod child;
 pub mod handle;
+pub mod pools;
 pub mod registry;
 pub mod report;
 mod stats;

@@ -48,3 +48,20 @@ fn std_containers_in_a_grandchild_count_in_both() {
     drop((v, b));
     assert_eq!(StdNested.stats().live_blocks, 0);
 }
+
+tagalloc::allocator!(StdPool: pool of SystemAllocator, "std containers, pool");
+tagalloc::allocator!(StdThreadPool: thread_pool of SystemAllocator, "std containers, thread pool");
+
+#[test]
+fn std_vec_and_box_in_pools() {
+    let v: Vec<u16, StdPool> = Vec::with_capacity_in(100, StdPool);
+    let b = Box::new_in(7u64, StdThreadPool);
+    let moved = std::thread::spawn(move || Box::new_in([1u8; 48], StdThreadPool))
+        .join()
+        .unwrap();
+    assert_eq!(StdPool.stats().live_granted_bytes, 200);
+    assert_eq!(StdThreadPool.stats().live_blocks, 2);
+    drop((v, b, moved));
+    assert_eq!(StdPool.stats().live_blocks, 0);
+    assert_eq!(StdThreadPool.stats().live_blocks, 0);
+}
