@@ -8,11 +8,14 @@
 )]
 
 // The hierarchy, bottom to top: the OS layer, the schemas (algorithms), the allocators.
+pub mod config;
 mod fatal;
 pub mod os;
 pub mod schema;
 mod sync;
 mod system;
+mod thread_cache;
+pub mod virtual_block;
 // The allocator family, above the heap: statistics and budgets, the registry, child
 // allocators, the per-type handles, typed allocation, and the reports.
 mod budget;

@@ -55,6 +55,18 @@ pub unsafe trait PageSource: Sync {
     }
 }
 
+/// Milliseconds of a coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`: a vDSO read, no
+/// system call, no allocation).
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is writable; the clock id is valid on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 /// Counters of everything the OS layer has done, read with [`OsAllocator::stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OsStats {

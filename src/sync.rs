@@ -76,6 +76,23 @@ impl<T> SpinLock<T> {
             .map(|_| SpinGuard { lock: self })
     }
 
+    /// Takes the lock and leaves it held with no guard; used around `fork()`.
+    ///
+    /// # Safety
+    /// The caller must later call [`SpinLock::force_unlock`] exactly once, from a context
+    /// where no guard of this lock exists.
+    pub(crate) unsafe fn lock_raw(&self) {
+        core::mem::forget(self.lock());
+    }
+
+    /// Releases a lock taken with [`SpinLock::lock_raw`].
+    ///
+    /// # Safety
+    /// The lock must be held through `lock_raw`, and no guard of it may exist.
+    pub(crate) unsafe fn force_unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+
     /// Direct access through a unique reference (no locking needed).
     pub fn get_mut(&mut self) -> &mut T {
         self.value.get_mut()

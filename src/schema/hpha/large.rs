@@ -15,6 +15,7 @@
 //! mapping of their own ("direct" blocks), which is unmapped when they are freed and grown
 //! with `mremap` when reallocated.
 
+use super::purge::Cutoff;
 use super::tree::{FreeTree, NODE_SIZE, Node};
 use crate::fatal::fatal;
 use crate::os::PageSource;
@@ -42,8 +43,9 @@ pub const CHUNK_SIZE: usize = 4 * 1024 * 1024;
 pub const DIRECT_THRESHOLD: usize = 16 * 1024 * 1024;
 /// Alignments above this get a mapping of their own.
 pub const MAX_TREE_ALIGN: usize = 64 * 1024;
-/// Empty chunks kept mapped to avoid map/unmap churn; more are unmapped at once.
-const MAX_EMPTY_CHUNKS: usize = 1;
+/// Bytes of empty chunks kept mapped (until the purge delay passes) to avoid map/unmap
+/// churn; a chunk that would exceed this is unmapped at once.
+const RETAIN_EMPTY_BYTES: usize = 64 * 1024 * 1024;
 /// Free blocks at least this large have their pages returned by `garbage_collect`.
 const PURGE_MIN: usize = 64 * 1024;
 /// Candidates examined in size order before an aligned request falls back to a block that
@@ -61,8 +63,13 @@ struct ChunkHeader {
     next: *mut ChunkHeader,
     prev: *mut ChunkHeader,
     len: usize,
-    _reserved: usize,
+    /// Purge epoch at which the chunk last became empty.
+    idle_since: u64,
+    /// The allocator (tag) that owns this chunk; 0 is the heap itself.
+    tag: u32,
+    _reserved: [u32; 3],
 }
+const _: () = assert!(core::mem::size_of::<ChunkHeader>() % 16 == 0);
 const CHUNK_HDR: usize = core::mem::size_of::<ChunkHeader>();
 /// Offset of the first real block header in a chunk (after the chunk header and the dummy).
 const FIRST_BLOCK: usize = CHUNK_HDR + HDR;
@@ -137,6 +144,7 @@ struct LargeState {
     chunk_count: usize,
     chunk_bytes: usize,
     empty_chunks: usize,
+    empty_bytes: usize,
     free_bytes: usize,
     live_blocks: usize,
     granted_bytes: usize,
@@ -172,6 +180,7 @@ impl LargeState {
             chunk_count: 0,
             chunk_bytes: 0,
             empty_chunks: 0,
+            empty_bytes: 0,
             free_bytes: 0,
             live_blocks: 0,
             granted_bytes: 0,
@@ -180,11 +189,37 @@ impl LargeState {
         }
     }
 
-    unsafe fn insert_free(&mut self, b: *mut Block) {
-        // SAFETY: `b` is a free block with room for a node (size >= MIN_PAYLOAD).
+    /// Adds a free block to the tree; a large dirty one is stamped with the purge epoch
+    /// `stamp` just after its node, so a later purge pass knows how long it has been idle.
+    unsafe fn insert_free(&mut self, b: *mut Block, stamp: u64) {
+        // SAFETY: `b` is a free block with room for a node (size >= MIN_PAYLOAD), and for the
+        // stamp when it is at least PURGE_MIN bytes.
         unsafe {
             self.free_bytes += size(b);
             self.tree.insert(node(b), size(b));
+            if size(b) >= PURGE_MIN && flags(b) & CLEAN == 0 {
+                payload(b).add(MIN_PAYLOAD).cast::<u64>().write(stamp);
+            }
+        }
+    }
+
+    /// Records that the chunk spanned by the free block `b` is empty.
+    unsafe fn note_empty_chunk(&mut self, b: *mut Block, stamp: u64) {
+        // SAFETY: `b` spans its chunk, so the chunk header sits before the dummy.
+        unsafe {
+            let chunk = chunk_of(b);
+            (*chunk).idle_since = stamp;
+            self.empty_chunks += 1;
+            self.empty_bytes += (*chunk).len;
+        }
+    }
+
+    /// Records that the empty chunk spanned by `b` is empty no longer (or is going away).
+    unsafe fn note_chunk_not_empty(&mut self, b: *mut Block) {
+        // SAFETY: as above.
+        unsafe {
+            self.empty_chunks -= 1;
+            self.empty_bytes -= (*chunk_of(b)).len;
         }
     }
 
@@ -278,20 +313,26 @@ impl LargeState {
             (*fence).size_flags = USED;
             self.chunk_count += 1;
             self.chunk_bytes += len;
-            self.empty_chunks += 1;
-            self.insert_free(first);
+            self.note_empty_chunk(first, 0);
+            self.insert_free(first, 0);
         }
         true
     }
 
     /// Carves `payload` bytes at `align` out of the free block `b`.
-    unsafe fn take(&mut self, mut b: *mut Block, want: usize, align: usize) -> LargeGrant {
+    unsafe fn take(
+        &mut self,
+        mut b: *mut Block,
+        want: usize,
+        align: usize,
+        stamp: u64,
+    ) -> LargeGrant {
         // SAFETY: `b` is a free block in the tree that fits (checked by `find_fit`); every
         // header written lies inside `b`.
         unsafe {
             self.remove_free(b);
             if spans_chunk(b) {
-                self.empty_chunks -= 1;
+                self.note_chunk_not_empty(b);
             }
             let gap = Self::fit_gap(b, want, align).unwrap_or(0);
             let clean = flags(b) & CLEAN != 0;
@@ -302,7 +343,7 @@ impl LargeState {
                 (*aligned).prev = b;
                 (*aligned).size_flags = total - gap;
                 (*next(aligned)).prev = aligned;
-                self.insert_free(b);
+                self.insert_free(b, stamp);
                 b = aligned;
             }
             let rest = size(b) - want;
@@ -312,7 +353,7 @@ impl LargeState {
                 (*tail).size_flags = (rest - HDR) | if clean { CLEAN } else { 0 };
                 (*next(tail)).prev = tail;
                 (*b).size_flags = want;
-                self.insert_free(tail);
+                self.insert_free(tail, stamp);
             }
             (*b).size_flags = size(b) | USED;
             self.live_blocks += 1;
@@ -332,7 +373,7 @@ impl LargeState {
     }
 
     /// Cuts the used block `b` down to `keep` bytes, freeing the tail if it is big enough.
-    unsafe fn trim(&mut self, b: *mut Block, keep: usize) {
+    unsafe fn trim(&mut self, b: *mut Block, keep: usize, stamp: u64) {
         // SAFETY: `b` is a used block with size >= keep; headers written lie inside it.
         unsafe {
             let rest = size(b) - keep;
@@ -351,7 +392,7 @@ impl LargeState {
                 (*tail).size_flags = size(tail) + HDR + size(after);
                 (*next(tail)).prev = tail;
             }
-            self.insert_free(tail);
+            self.insert_free(tail, stamp);
         }
     }
 
@@ -359,7 +400,7 @@ impl LargeState {
     unsafe fn unlink_chunk(&mut self, b: *mut Block) -> (*mut u8, usize) {
         // SAFETY: `b` spans its chunk, so the chunk header sits before the dummy.
         unsafe {
-            let chunk: *mut ChunkHeader = (*b).prev.cast::<u8>().sub(CHUNK_HDR).cast();
+            let chunk = chunk_of(b);
             let (prev, next) = ((*chunk).prev, (*chunk).next);
             if prev.is_null() {
                 self.chunks = next;
@@ -374,6 +415,13 @@ impl LargeState {
             (chunk.cast(), (*chunk).len)
         }
     }
+}
+
+/// The chunk of a free block that spans it (the chunk header sits before the dummy).
+#[inline]
+unsafe fn chunk_of(b: *mut Block) -> *mut ChunkHeader {
+    // SAFETY: the caller passes a block whose `prev` is its chunk's dummy.
+    unsafe { (*b).prev.cast::<u8>().sub(CHUNK_HDR).cast() }
 }
 
 #[inline]
@@ -416,6 +464,7 @@ impl LargeHeap {
         size: usize,
         align: usize,
         source: &impl PageSource,
+        stamp: u64,
     ) -> Option<LargeGrant> {
         let payload = Self::payload_for(size)?;
         if payload >= DIRECT_THRESHOLD || align > MAX_TREE_ALIGN {
@@ -431,7 +480,7 @@ impl LargeHeap {
             debug_assert!(!b.is_null());
         }
         // SAFETY: `b` is a free block in the tree that fits the request.
-        Some(unsafe { st.take(b, payload, align) })
+        Some(unsafe { st.take(b, payload, align, stamp) })
     }
 
     fn direct_layout(payload: usize, align: usize, granule: usize) -> Option<(usize, usize)> {
@@ -499,11 +548,18 @@ impl LargeHeap {
         unsafe { size(block_of(ptr)) }
     }
 
-    /// Frees a large block.
+    /// Frees a large block. Free space is stamped with the purge epoch `stamp`; a chunk that
+    /// becomes empty is kept for reuse if `retain_empty` (within a byte budget), else unmapped.
     ///
     /// # Safety
     /// `ptr` must be a live block returned by this heap.
-    pub(crate) unsafe fn free(&self, ptr: *mut u8, source: &impl PageSource) {
+    pub(crate) unsafe fn free(
+        &self,
+        ptr: *mut u8,
+        source: &impl PageSource,
+        stamp: u64,
+        retain_empty: bool,
+    ) {
         let mut b = block_of(ptr);
         // SAFETY: for a valid `ptr` the header is valid; misuse that corrupts it is reported
         // where the flags or links make it visible.
@@ -544,15 +600,16 @@ impl LargeHeap {
                 b = p;
             }
             if spans_chunk(b) {
-                if st.empty_chunks >= MAX_EMPTY_CHUNKS {
+                let len = (*chunk_of(b)).len;
+                if !retain_empty || st.empty_bytes + len > RETAIN_EMPTY_BYTES {
                     let (base, len) = st.unlink_chunk(b);
                     drop(st);
                     source.unmap(base, len);
                     return;
                 }
-                st.empty_chunks += 1;
+                st.note_empty_chunk(b, stamp);
             }
-            st.insert_free(b);
+            st.insert_free(b, stamp);
         }
     }
 
@@ -581,6 +638,7 @@ impl LargeHeap {
         new_size: usize,
         align: usize,
         source: &impl PageSource,
+        stamp: u64,
     ) -> Option<(*mut u8, usize)> {
         let new_payload = Self::payload_for(new_size)?;
         let b = block_of(ptr);
@@ -595,7 +653,7 @@ impl LargeHeap {
             let mut st = self.state.lock();
             let old = size(b);
             if new_payload <= old {
-                st.trim(b, new_payload);
+                st.trim(b, new_payload, stamp);
                 return Some((ptr, size(b)));
             }
             let n = next(b);
@@ -605,7 +663,7 @@ impl LargeHeap {
                 (*b).size_flags = merged | USED;
                 (*next(b)).prev = b;
                 st.granted_bytes += merged - old;
-                st.trim(b, new_payload);
+                st.trim(b, new_payload, stamp);
                 return Some((ptr, size(b)));
             }
             None
@@ -648,8 +706,9 @@ impl LargeHeap {
         }
     }
 
-    /// Unmaps empty chunks and purges the pages of large free blocks.
-    pub(crate) fn garbage_collect(&self, source: &impl PageSource) {
+    /// Unmaps empty chunks and purges the pages of large free blocks that have been idle
+    /// since before `cut`.
+    pub(crate) fn purge(&self, cut: Cutoff, source: &impl PageSource) {
         let granule = source.granularity();
         let mut st = self.state.lock();
         // SAFETY: chunks in the list are live mappings; blocks reached are valid; a chunk is
@@ -659,9 +718,9 @@ impl LargeHeap {
             while !chunk.is_null() {
                 let next_chunk = (*chunk).next;
                 let first: *mut Block = chunk.cast::<u8>().add(FIRST_BLOCK).cast();
-                if !is_used(first) && spans_chunk(first) {
+                if !is_used(first) && spans_chunk(first) && cut.covers((*chunk).idle_since) {
                     st.remove_free(first);
-                    st.empty_chunks -= 1;
+                    st.note_chunk_not_empty(first);
                     let (base, len) = st.unlink_chunk(first);
                     source.unmap(base, len);
                 }
@@ -670,7 +729,10 @@ impl LargeHeap {
             let mut n = st.tree.first();
             while !n.is_null() {
                 let b = block_of_node(n);
-                if size(b) >= PURGE_MIN && flags(b) & CLEAN == 0 {
+                if size(b) >= PURGE_MIN
+                    && flags(b) & CLEAN == 0
+                    && cut.covers(payload(b).add(MIN_PAYLOAD).cast::<u64>().read())
+                {
                     let start = payload(b).add(MIN_PAYLOAD);
                     let end = payload(b).add(size(b));
                     let inner_start = start.map_addr(|a| a.next_multiple_of(granule));
@@ -687,6 +749,24 @@ impl LargeHeap {
                 n = FreeTree::successor(n);
             }
         }
+    }
+
+    /// Takes the large heap's lock (before `fork()`).
+    ///
+    /// # Safety
+    /// Must be paired with [`LargeHeap::unlock_all`], with no guard alive in between.
+    pub(crate) unsafe fn lock_all(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.state.lock_raw() };
+    }
+
+    /// Releases the lock taken by [`LargeHeap::lock_all`].
+    ///
+    /// # Safety
+    /// Only after `lock_all`, with no guard alive.
+    pub(crate) unsafe fn unlock_all(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.state.force_unlock() };
     }
 
     pub(crate) fn stats(&self) -> LargeStats {
@@ -789,6 +869,9 @@ impl LargeHeap {
         }
         if empty != st.empty_chunks {
             return Err("empty chunk count is wrong");
+        }
+        if st.empty_chunks == 0 && st.empty_bytes != 0 {
+            return Err("empty chunk bytes are wrong");
         }
         Ok(())
     }

@@ -10,9 +10,10 @@
 //! Rust hands the layout back on free, so the class of a small block is computed, not read
 //! from the block; the page header only confirms it.
 
-mod large;
-mod size_class;
-mod small;
+pub(crate) mod large;
+mod purge;
+pub(crate) mod size_class;
+pub(crate) mod small;
 mod tree;
 
 use crate::os::{OsAllocator, PageSource};
@@ -20,6 +21,7 @@ use crate::schema::Allocation;
 use core::alloc::Layout;
 use core::ptr::NonNull;
 use large::LargeHeap;
+use purge::{Cutoff, PurgeClock};
 use size_class::{class_for, class_size};
 use small::SmallHeap;
 
@@ -45,6 +47,8 @@ pub use small::{PAGE_SIZE as SMALL_PAGE_SIZE, SEGMENT_SIZE};
 pub struct HphaSchema<S: PageSource = OsAllocator> {
     small: SmallHeap,
     large: LargeHeap,
+    /// When idle memory goes back to the source.
+    clock: PurgeClock,
     source: S,
 }
 
@@ -82,6 +86,9 @@ pub struct HphaStats {
     pub largest_free_large_block: usize,
     /// Live blocks with a mapping of their own.
     pub direct_blocks: usize,
+    /// Bytes of small blocks sitting in thread caches: free for the program, still held
+    /// by the heap. Always 0 for a heap used directly (only `SystemAllocator` has caches).
+    pub thread_cached_bytes: usize,
 }
 
 impl<S: PageSource> HphaSchema<S> {
@@ -90,8 +97,19 @@ impl<S: PageSource> HphaSchema<S> {
         Self {
             small: SmallHeap::new(),
             large: LargeHeap::new(),
+            clock: PurgeClock::new(purge::NEVER),
             source,
         }
+    }
+
+    /// The small-block side, for the thread caches in front of the global heap.
+    pub(crate) fn small_heap(&self) -> &SmallHeap {
+        &self.small
+    }
+
+    /// The large-block side, for the global allocator's own realloc path.
+    pub(crate) fn large_heap(&self) -> &LargeHeap {
+        &self.large
     }
 
     /// The page source this heap draws from.
@@ -110,9 +128,10 @@ impl<S: PageSource> HphaSchema<S> {
                 size: class_size(class),
             });
         }
-        let grant = self
-            .large
-            .allocate(layout.size(), layout.align(), &self.source)?;
+        let grant =
+            self.large
+                .allocate(layout.size(), layout.align(), &self.source, self.stamp())?;
+        self.after_slow_path();
         Some(Allocation {
             // SAFETY: a grant's pointer is never null.
             ptr: unsafe { NonNull::new_unchecked(grant.ptr) },
@@ -130,9 +149,10 @@ impl<S: PageSource> HphaSchema<S> {
             unsafe { ptr.as_ptr().write_bytes(0, size) };
             return Some(Allocation { ptr, size });
         }
-        let grant = self
-            .large
-            .allocate(layout.size(), layout.align(), &self.source)?;
+        let grant =
+            self.large
+                .allocate(layout.size(), layout.align(), &self.source, self.stamp())?;
+        self.after_slow_path();
         // SAFETY: the block is ours; past `dirty_prefix` it already reads as zero.
         unsafe { grant.ptr.write_bytes(0, grant.dirty_prefix) };
         Some(Allocation {
@@ -153,10 +173,17 @@ impl<S: PageSource> HphaSchema<S> {
     pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if let Some(class) = class_for(layout.size(), layout.align()) {
             // SAFETY: forwarded from the caller.
-            unsafe { self.small.free(ptr.as_ptr(), class) };
+            unsafe { self.small.free(ptr.as_ptr(), class, self.stamp()) };
         } else {
             // SAFETY: forwarded from the caller.
-            unsafe { self.large.free(ptr.as_ptr(), &self.source) };
+            unsafe {
+                self.large.free(
+                    ptr.as_ptr(),
+                    &self.source,
+                    self.stamp(),
+                    self.retain_empty(),
+                )
+            };
         }
     }
 
@@ -187,7 +214,7 @@ impl<S: PageSource> HphaSchema<S> {
                 // SAFETY: `ptr` is a live large block with this alignment.
                 if let Some((p, size)) = unsafe {
                     self.large
-                        .resize(ptr.as_ptr(), new_size, align, &self.source)
+                        .resize(ptr.as_ptr(), new_size, align, &self.source, self.stamp())
                 } {
                     return Some(Allocation {
                         // SAFETY: resize never returns null.
@@ -225,12 +252,57 @@ impl<S: PageSource> HphaSchema<S> {
         }
     }
 
+    /// Sets how long free memory stays mapped before it goes back to the page source:
+    /// `Some(d)` returns memory idle for at least `d` (checked on the allocator's slow paths,
+    /// so an idle program keeps what it has until its next call or `garbage_collect`);
+    /// `Some(Duration::ZERO)` returns it as soon as possible; `None` only on
+    /// `garbage_collect`. A new heap starts with `None`.
+    pub fn set_purge_delay(&self, delay: Option<core::time::Duration>) {
+        let ms = delay.map_or(purge::NEVER, |d| {
+            u64::try_from(d.as_millis()).unwrap_or(purge::NEVER - 1)
+        });
+        self.clock.set_delay_ms(ms);
+    }
+
+    /// The delay set with [`set_purge_delay`](Self::set_purge_delay).
+    pub fn purge_delay(&self) -> Option<core::time::Duration> {
+        let ms = self.clock.delay_ms();
+        (ms != purge::NEVER).then(|| core::time::Duration::from_millis(ms))
+    }
+
     /// Returns what can be returned to the page source: empty small pages and segments,
     /// empty chunks, and the pages inside large free blocks. Safe to call at any time from
     /// any thread; other threads keep allocating meanwhile.
     pub fn garbage_collect(&self) {
-        self.small.garbage_collect(&self.source);
-        self.large.garbage_collect(&self.source);
+        self.purge(Cutoff::ALL);
+    }
+
+    /// Returns memory idle since before `cut` on both sides.
+    fn purge(&self, cut: Cutoff) {
+        let stamp = self.clock.stamp();
+        self.small.purge(cut, stamp, &self.source);
+        self.large.purge(cut, &self.source);
+    }
+
+    /// The purge epoch to stamp memory that becomes free now.
+    #[inline]
+    pub(crate) fn stamp(&self) -> u64 {
+        self.clock.stamp()
+    }
+
+    /// Whether an empty chunk may be kept for reuse (not when the delay is zero).
+    #[inline]
+    pub(crate) fn retain_empty(&self) -> bool {
+        self.clock.delay_ms() != 0
+    }
+
+    /// Counts a slow-path event (a refill, a flush, a large block) and runs a purge pass
+    /// when the purge delay says one is due.
+    #[inline]
+    pub(crate) fn after_slow_path(&self) {
+        if let Some(cut) = self.clock.event() {
+            self.purge(cut);
+        }
     }
 
     /// A snapshot of the heap's counters. Each side is read under its own locks, so the
@@ -256,6 +328,7 @@ impl<S: PageSource> HphaSchema<S> {
             free_large_bytes: large.free_bytes,
             largest_free_large_block: large.largest_free,
             direct_blocks: large.direct_blocks,
+            thread_cached_bytes: 0,
         }
     }
 

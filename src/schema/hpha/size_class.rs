@@ -44,8 +44,19 @@ pub(crate) const fn class_of(size: usize) -> usize {
 }
 
 /// The class serving a request of `size` bytes at `align`, or `None` for the large heap.
-#[inline]
+#[inline(always)]
 pub(crate) const fn class_for(size: usize, align: usize) -> Option<usize> {
+    // The common case first: classes step by 8, so at alignments up to 8 the class is the
+    // size in 8-byte units (a zero size takes the smallest class).
+    if size <= LINEAR_MAX && align <= 8 {
+        return Some(size.saturating_sub(1) >> 3);
+    }
+    class_for_any(size, align)
+}
+
+/// [`class_for`] for any size and alignment.
+#[inline]
+const fn class_for_any(size: usize, align: usize) -> Option<usize> {
     if size > MAX_SMALL || align > MAX_SMALL {
         return None;
     }

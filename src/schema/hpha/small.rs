@@ -13,11 +13,13 @@
 //! Locking: one lock per class, padded to its own cache line, so different classes never
 //! contend; the pool has its own lock, always taken after a class lock.
 
+use super::purge::Cutoff;
 use super::size_class::{CLASS_COUNT, class_size};
 use crate::fatal::fatal;
 use crate::os::PageSource;
 use crate::sync::SpinLock;
 use core::ptr::null_mut;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Bytes per small-block page; also the alignment used to find a page header.
 pub const PAGE_SIZE: usize = 64 * 1024;
@@ -37,8 +39,8 @@ const NO_CLASS: u16 = u16::MAX;
 const PAGE_MAGIC: usize = 0x7a67_a110_c5a9_e5e1;
 
 /// A free slot's link in its page's free list.
-struct FreeSlot {
-    next: *mut FreeSlot,
+pub(crate) struct FreeSlot {
+    pub(crate) next: *mut FreeSlot,
 }
 
 /// The header at the start of every small-block page.
@@ -59,6 +61,8 @@ pub(crate) struct PageHeader {
     in_partial: bool,
     /// Whether the page body was purged since it last served a class.
     purged: bool,
+    /// Purge epoch at which the page last became empty.
+    idle_since: u64,
     /// Slots handed out and not yet freed.
     used: u32,
     /// Slots in the page for its class.
@@ -74,8 +78,10 @@ pub(crate) struct PageHeader {
     seg_used: u32,
     /// Pages of this segment carved so far (the rest were never touched).
     seg_carved: u32,
+    /// Purge epoch at which the last page of this segment went back to the pool.
+    seg_idle_since: u64,
     /// One bit per slot: set while the slot is live (checked builds only).
-    live: [u64; BITMAP_WORDS],
+    live: [AtomicU64; BITMAP_WORDS],
 }
 
 /// Bytes at the start of each page taken by the header.
@@ -255,19 +261,25 @@ impl PagePool {
         }
     }
 
-    /// Takes back an empty page.
-    unsafe fn return_page(&mut self, page: *mut PageHeader) {
+    /// Takes back an empty page, stamped with the purge epoch `stamp`.
+    unsafe fn return_page(&mut self, page: *mut PageHeader, stamp: u64) {
         // SAFETY: `page` is a valid empty header of a live segment; pool lock held.
         unsafe {
             (*page).marker = 0;
             (*page).class = NO_CLASS;
-            (*segment_of(page)).seg_used -= 1;
+            (*page).idle_since = stamp;
+            let seg = segment_of(page);
+            (*seg).seg_used -= 1;
+            if (*seg).seg_used == 0 {
+                (*seg).seg_idle_since = stamp;
+            }
             self.push_free(page);
         }
     }
 
-    /// Unmaps segments with no page in use; purges the bodies of other free pages.
-    fn collect(&mut self, source: &impl PageSource) {
+    /// Unmaps segments with no page in use and purges the bodies of other free pages, if
+    /// they have been idle since before `cut`.
+    fn collect(&mut self, cut: Cutoff, source: &impl PageSource) {
         let granule = source.granularity();
         // SAFETY: all headers reached are in live segments owned by this pool; a segment is
         // unmapped only after all its pages have been unlinked from the free list.
@@ -275,7 +287,7 @@ impl PagePool {
             let mut seg = self.segments;
             while !seg.is_null() {
                 let next_seg = (*seg).seg_next;
-                if (*seg).seg_used == 0 {
+                if (*seg).seg_used == 0 && cut.covers((*seg).seg_idle_since) {
                     for i in 0..(*seg).seg_carved as usize {
                         self.unlink_free(seg.byte_add(i * PAGE_SIZE));
                     }
@@ -300,7 +312,7 @@ impl PagePool {
             let body = HEADER_SPACE.next_multiple_of(granule);
             let mut page = self.free;
             while !page.is_null() {
-                if !(*page).purged && body < PAGE_SIZE {
+                if !(*page).purged && body < PAGE_SIZE && cut.covers((*page).idle_since) {
                     (*page).purged = source.purge(page.cast::<u8>().add(body), PAGE_SIZE - body);
                 }
                 page = (*page).next;
@@ -372,63 +384,151 @@ impl SmallHeap {
             (*page).capacity = capacity as u32;
             (*page).elem = elem as u32;
             (*page).tag = 0;
-            if CHECKED {
-                (*page).live = [0; BITMAP_WORDS];
+            for word in &(*page).live {
+                word.store(0, Relaxed);
+            }
+        }
+    }
+
+    /// Takes a page from the pool into `class`'s partial list; false when out of memory.
+    #[cold]
+    fn add_page(&self, st: &mut ClassState, class: usize, source: &impl PageSource) -> bool {
+        let page = self.pool.lock().take_page(source);
+        if page.is_null() {
+            return false;
+        }
+        // SAFETY: the page was just taken from the pool and is ours; class lock held.
+        unsafe {
+            Self::format_page(page, class);
+            st.push_partial(page);
+        }
+        st.pages += 1;
+        true
+    }
+
+    /// Hands out up to `max` slots of `class`, linked through their first word. Returns the
+    /// list head and how many slots it holds (0 when the source is out of memory).
+    pub(crate) fn take_slots(
+        &self,
+        class: usize,
+        max: usize,
+        source: &impl PageSource,
+    ) -> (*mut FreeSlot, usize) {
+        let mut st = self.classes[class].0.lock();
+        // Slots are linked in the order taken (ascending addresses for fresh slots), so the
+        // program receives neighbouring blocks one after another.
+        let mut head: *mut FreeSlot = null_mut();
+        let mut tail: *mut FreeSlot = null_mut();
+        let mut got = 0;
+        // SAFETY: partial pages are valid headers of this class and the class lock is held;
+        // a slot is taken only while its page has room.
+        unsafe {
+            while got < max {
+                if st.partial.is_null() && !self.add_page(&mut st, class, source) {
+                    break;
+                }
+                let page = st.partial;
+                let elem = (*page).elem as usize;
+                while got < max && (*page).used < (*page).capacity {
+                    let slot: *mut FreeSlot = if !(*page).free.is_null() {
+                        let s = (*page).free;
+                        (*page).free = (*s).next;
+                        s
+                    } else {
+                        let s = (*page).bump;
+                        (*page).bump = s.add(elem);
+                        s.cast()
+                    };
+                    if tail.is_null() {
+                        head = slot;
+                    } else {
+                        (*tail).next = slot;
+                    }
+                    tail = slot;
+                    got += 1;
+                    (*page).used += 1;
+                }
+                if (*page).used == (*page).capacity {
+                    st.unlink_partial(page);
+                }
+            }
+            if !tail.is_null() {
+                (*tail).next = null_mut();
+            }
+        }
+        st.live_blocks += got;
+        st.allocations += got as u64;
+        (head, got)
+    }
+
+    /// Gives back `count` slots of `class`, linked from `head` through their first word;
+    /// pages that become empty are stamped with the purge epoch `stamp`.
+    ///
+    /// # Safety
+    /// Each slot must have come from [`SmallHeap::take_slots`] of this heap and class and be
+    /// free (nobody uses it). A slot whose page does not match aborts with a message.
+    pub(crate) unsafe fn return_slots(
+        &self,
+        class: usize,
+        head: *mut FreeSlot,
+        count: usize,
+        stamp: u64,
+    ) {
+        let mut st = self.classes[class].0.lock();
+        let mut slot = head;
+        for _ in 0..count {
+            // SAFETY: the slot is free and ours to relink (caller's contract).
+            unsafe {
+                let next = (*slot).next;
+                self.return_one(&mut st, slot, class, stamp);
+                slot = next;
+            }
+        }
+        st.live_blocks -= count;
+        st.frees += count as u64;
+    }
+
+    /// Puts one slot back into its page. Class lock held by the caller.
+    #[inline]
+    unsafe fn return_one(
+        &self,
+        st: &mut ClassState,
+        slot: *mut FreeSlot,
+        class: usize,
+        stamp: u64,
+    ) {
+        let page = page_of(slot.cast());
+        // SAFETY: for a valid slot the page is a live class page; the class lock is held.
+        unsafe {
+            if (*page).marker != page_marker(page) || (*page).class as usize != class {
+                report_bad_free(slot.cast(), page, class);
+            }
+            (*slot).next = (*page).free;
+            (*page).free = slot;
+            if !(*page).in_partial {
+                st.push_partial(page);
+            }
+            (*page).used -= 1;
+            if (*page).used == 0 {
+                (*page).idle_since = stamp;
+                if st.partial_count > 1 {
+                    st.unlink_partial(page);
+                    st.pages -= 1;
+                    self.pool.lock().return_page(page, stamp);
+                }
             }
         }
     }
 
     /// Allocates one slot of `class`; null if the source is out of memory.
-    #[inline]
     pub(crate) fn allocate(&self, class: usize, source: &impl PageSource) -> *mut u8 {
-        let mut st = self.classes[class].0.lock();
-        let mut page = st.partial;
-        // SAFETY: pages in the partial list are valid headers of this class; the class lock
-        // is held, so nobody else touches them.
-        unsafe {
-            if page.is_null() {
-                page = self.pool.lock().take_page(source);
-                if page.is_null() {
-                    return null_mut();
-                }
-                Self::format_page(page, class);
-                st.push_partial(page);
-                st.pages += 1;
-            }
-            let slot: *mut u8;
-            if !(*page).free.is_null() {
-                let s = (*page).free;
-                (*page).free = (*s).next;
-                slot = s.cast();
-            } else {
-                slot = (*page).bump;
-                (*page).bump = slot.add((*page).elem as usize);
-            }
-            (*page).used += 1;
-            if (*page).used == (*page).capacity {
-                st.unlink_partial(page);
-            }
-            if CHECKED {
-                let (w, bit) = Self::slot_bit(page, slot);
-                (*page).live[w] |= bit;
-            }
-            st.live_blocks += 1;
-            st.allocations += 1;
-            slot
+        let (slot, got) = self.take_slots(class, 1, source);
+        if got == 0 {
+            return null_mut();
         }
-    }
-
-    /// The bitmap word and bit of `slot` in `page`.
-    ///
-    /// # Safety
-    /// `page` must be a valid class page and `slot` a pointer into it.
-    #[inline]
-    unsafe fn slot_bit(page: *mut PageHeader, slot: *mut u8) -> (usize, u64) {
-        // SAFETY: forwarded; the header is valid.
-        let elem = unsafe { (*page).elem } as usize;
-        let from_end = page.addr() + PAGE_SIZE - slot.addr();
-        let index = from_end / elem;
-        (index / 64, 1 << (index % 64))
+        // SAFETY: the slot was just handed out by this heap.
+        unsafe { mark_allocated(slot.cast()) };
+        slot.cast()
     }
 
     /// Frees a slot of `class`.
@@ -437,76 +537,17 @@ impl SmallHeap {
     /// `ptr` must have come from [`SmallHeap::allocate`] with the same `class` and not have
     /// been freed since. Misuse that can be seen cheaply (wrong class, not a small block, and
     /// in checked builds a double free or an interior pointer) aborts with a message.
-    #[inline]
-    pub(crate) unsafe fn free(&self, ptr: *mut u8, class: usize) {
-        let page = page_of(ptr);
-        let mut st = self.classes[class].0.lock();
-        // SAFETY: for a valid `ptr` the page is a live class page, stable while the block is
-        // live; the class lock serialises access to its fields.
+    pub(crate) unsafe fn free(&self, ptr: *mut u8, class: usize, stamp: u64) {
+        // SAFETY: forwarded from the caller; after the check the slot is free and ours.
         unsafe {
-            if (*page).marker != page_marker(page) || (*page).class as usize != class {
-                drop(st);
-                Self::report_bad_free(ptr, page, class);
-            }
-            if CHECKED {
-                let elem = (*page).elem as usize;
-                let first = page.addr() + PAGE_SIZE - (*page).capacity as usize * elem;
-                if ptr.addr() < first || (page.addr() + PAGE_SIZE - ptr.addr()) % elem != 0 {
-                    drop(st);
-                    fatal!(
-                        "free of {:p}, which is inside a {}-byte block, not at its start",
-                        ptr,
-                        elem
-                    );
-                }
-                let (w, bit) = Self::slot_bit(page, ptr);
-                if (*page).live[w] & bit == 0 {
-                    drop(st);
-                    fatal!("double free of {:p} ({}-byte block)", ptr, elem);
-                }
-                (*page).live[w] &= !bit;
-            }
-            let slot: *mut FreeSlot = ptr.cast();
-            (*slot).next = (*page).free;
-            (*page).free = slot;
-            if !(*page).in_partial {
-                st.push_partial(page);
-            }
-            (*page).used -= 1;
-            st.live_blocks -= 1;
-            st.frees += 1;
-            if (*page).used == 0 && st.partial_count > 1 {
-                st.unlink_partial(page);
-                st.pages -= 1;
-                self.pool.lock().return_page(page);
-            }
+            check_free(ptr, class);
+            self.return_slots(class, ptr.cast(), 1, stamp);
         }
     }
 
-    #[cold]
-    fn report_bad_free(ptr: *mut u8, page: *mut PageHeader, class: usize) -> ! {
-        // SAFETY: only reached for a pointer whose page header was just read.
-        let (marker_ok, page_class) =
-            unsafe { ((*page).marker == page_marker(page), (*page).class) };
-        if !marker_ok {
-            fatal!(
-                "free of {:p} as a {}-byte small block, but it is not a live small block of \
-                 this heap (wrong allocator, wrong layout, or already freed page)",
-                ptr,
-                class_size(class)
-            );
-        }
-        fatal!(
-            "free of {:p} with a layout of the {}-byte class, but the block is in the {}-byte \
-             class (the layout passed to dealloc differs from the one allocated)",
-            ptr,
-            class_size(class),
-            class_size(page_class as usize)
-        )
-    }
-
-    /// Returns empty class pages to the pool, then unmaps or purges pooled memory.
-    pub(crate) fn garbage_collect(&self, source: &impl PageSource) {
+    /// Returns empty class pages idle since before `cut` to the pool, then unmaps or purges
+    /// pooled memory idle since before `cut`.
+    pub(crate) fn purge(&self, cut: Cutoff, stamp: u64, source: &impl PageSource) {
         for class in &self.classes {
             let mut st = class.0.lock();
             let mut page = st.partial;
@@ -514,16 +555,45 @@ impl SmallHeap {
             unsafe {
                 while !page.is_null() {
                     let next = (*page).next;
-                    if (*page).used == 0 {
+                    if (*page).used == 0 && cut.covers((*page).idle_since) {
                         st.unlink_partial(page);
                         st.pages -= 1;
-                        self.pool.lock().return_page(page);
+                        let idle = (*page).idle_since.min(stamp);
+                        self.pool.lock().return_page(page, idle);
                     }
                     page = next;
                 }
             }
         }
-        self.pool.lock().collect(source);
+        self.pool.lock().collect(cut, source);
+    }
+
+    /// Takes every lock of the small heap (before `fork()`).
+    ///
+    /// # Safety
+    /// Must be paired with [`SmallHeap::unlock_all`] on the same thread, with no guard of
+    /// these locks alive in between.
+    pub(crate) unsafe fn lock_all(&self) {
+        for class in &self.classes {
+            // SAFETY: forwarded; released by `unlock_all`.
+            unsafe { class.0.lock_raw() };
+        }
+        // SAFETY: as above.
+        unsafe { self.pool.lock_raw() };
+    }
+
+    /// Releases the locks taken by [`SmallHeap::lock_all`].
+    ///
+    /// # Safety
+    /// Only after `lock_all`, with no guards alive.
+    pub(crate) unsafe fn unlock_all(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.pool.force_unlock();
+            for class in &self.classes {
+                class.0.force_unlock();
+            }
+        }
     }
 
     pub(crate) fn stats(&self) -> SmallStats {
@@ -575,6 +645,90 @@ impl SmallHeap {
         }
         Ok(())
     }
+}
+
+/// The bitmap word and bit of `slot` in `page`.
+///
+/// # Safety
+/// `page` must be a valid class page and `slot` a pointer into it.
+#[inline]
+unsafe fn slot_bit(page: *mut PageHeader, slot: *mut u8) -> (usize, u64) {
+    // SAFETY: forwarded; the header is valid.
+    let elem = unsafe { (*page).elem } as usize;
+    let from_end = page.addr() + PAGE_SIZE - slot.addr();
+    let index = from_end / elem;
+    (index / 64, 1 << (index % 64))
+}
+
+/// In checked builds, records that the small block `ptr` now belongs to a user.
+///
+/// # Safety
+/// `ptr` must be a slot just handed out by a [`SmallHeap`].
+#[inline]
+pub(crate) unsafe fn mark_allocated(ptr: *mut u8) {
+    if CHECKED {
+        let page = page_of(ptr);
+        // SAFETY: the slot is live, so its page header is valid; the bitmap is atomic.
+        unsafe {
+            let (w, bit) = slot_bit(page, ptr);
+            (*page).live[w].fetch_or(bit, Relaxed);
+        }
+    }
+}
+
+/// In checked builds, validates a user's free of `ptr` as a block of `class` and records
+/// it: a foreign pointer, a wrong class, an interior pointer or a double free aborts with a
+/// message. Free in unchecked builds.
+///
+/// # Safety
+/// `ptr` must point into memory of a live small-block page (any pointer a user obtained
+/// from a [`SmallHeap`]).
+#[inline]
+pub(crate) unsafe fn check_free(ptr: *mut u8, class: usize) {
+    if !CHECKED {
+        return;
+    }
+    let page = page_of(ptr);
+    // SAFETY: the page header of a small block stays valid while any block of it is live.
+    unsafe {
+        if (*page).marker != page_marker(page) || (*page).class as usize != class {
+            report_bad_free(ptr, page, class);
+        }
+        let elem = (*page).elem as usize;
+        let first = page.addr() + PAGE_SIZE - (*page).capacity as usize * elem;
+        if ptr.addr() < first || (page.addr() + PAGE_SIZE - ptr.addr()) % elem != 0 {
+            fatal!(
+                "free of {:p}, which is inside a {}-byte block, not at its start",
+                ptr,
+                elem
+            );
+        }
+        let (w, bit) = slot_bit(page, ptr);
+        if (*page).live[w].fetch_and(!bit, Relaxed) & bit == 0 {
+            fatal!("double free of {:p} ({}-byte block)", ptr, elem);
+        }
+    }
+}
+
+#[cold]
+fn report_bad_free(ptr: *mut u8, page: *mut PageHeader, class: usize) -> ! {
+    // SAFETY: only reached for a pointer whose page header was just read.
+    let (marker_ok, page_class) = unsafe { ((*page).marker == page_marker(page), (*page).class) };
+    if !marker_ok {
+        fatal!(
+            "free of {:p} as a {}-byte small block, but it is not a live small block of this \
+             heap (wrong allocator, wrong layout, or already freed page)",
+            ptr,
+            class_size(class)
+        );
+    }
+    fatal!(
+        "free of {:p} with a layout of the {}-byte class, but the block is in the {}-byte class \
+         (the layout passed to dealloc differs from the one allocated)",
+        ptr,
+        class_size(class),
+        class_size(page_class as usize)
+    )
 }
 
 impl Default for SmallHeap {

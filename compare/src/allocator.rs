@@ -1,0 +1,142 @@
+//! The `#[global_allocator]` of this build, chosen by exactly one `alloc-*` feature, and its
+//! optional "give memory back" hook.
+//!
+//! The choice lives in the library (not in each binary) so that `workload` and `pairs` are
+//! guaranteed to measure the same allocator configuration. Without any `alloc-*` feature no
+//! global allocator is declared and Rust's default (System) is used: that is how the `compare`
+//! driver itself is built, and the workload binaries refuse to run in that state so a
+//! misconfigured build cannot be mistaken for a measurement.
+
+#[cfg(any(
+    all(feature = "alloc-tagalloc", feature = "alloc-system"),
+    all(feature = "alloc-tagalloc", feature = "alloc-mimalloc"),
+    all(feature = "alloc-tagalloc", feature = "alloc-jemalloc"),
+    all(feature = "alloc-system", feature = "alloc-mimalloc"),
+    all(feature = "alloc-system", feature = "alloc-jemalloc"),
+    all(feature = "alloc-mimalloc", feature = "alloc-jemalloc"),
+))]
+compile_error!(
+    "enable exactly one of the features alloc-tagalloc, alloc-system, alloc-mimalloc, alloc-jemalloc"
+);
+
+/// The allocators the harness knows, in the order the tables show them. Each name is also the
+/// suffix of its cargo feature (`alloc-<name>`) and of its binaries (`workload-<name>`).
+pub const ALL: [&str; 4] = ["tagalloc", "system", "mimalloc", "jemalloc"];
+
+#[cfg(feature = "alloc-tagalloc")]
+mod chosen {
+    #[global_allocator]
+    static GLOBAL: tagalloc::SystemAllocator = tagalloc::SystemAllocator::new();
+
+    pub const NAME: &str = "tagalloc";
+    pub const NOTE: &str = "";
+
+    /// `SystemAllocator::garbage_collect` returns empty pages, segments and chunks and the
+    /// pages inside large free blocks to the OS.
+    pub fn trim() -> bool {
+        GLOBAL.garbage_collect();
+        true
+    }
+}
+
+#[cfg(feature = "alloc-system")]
+mod chosen {
+    #[global_allocator]
+    static GLOBAL: std::alloc::System = std::alloc::System;
+
+    pub const NAME: &str = "system";
+    pub const NOTE: &str = "";
+
+    /// glibc's `malloc_trim(0)` returns free heap tops and free pages inside the heap.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    pub fn trim() -> bool {
+        // SAFETY: malloc_trim takes no pointers and may be called at any time.
+        unsafe { libc::malloc_trim(0) };
+        true
+    }
+
+    /// Other C libraries have no standard trim call.
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    pub fn trim() -> bool {
+        false
+    }
+}
+
+#[cfg(feature = "alloc-mimalloc")]
+mod chosen {
+    #[global_allocator]
+    static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+    pub const NAME: &str = "mimalloc";
+    pub const NOTE: &str = "";
+
+    /// `mi_collect(true)` frees the calling thread's cached pages and purges what it can.
+    pub fn trim() -> bool {
+        // SAFETY: mi_collect takes no pointers and may be called from any thread at any time.
+        unsafe { libmimalloc_sys::mi_collect(true) };
+        true
+    }
+}
+
+#[cfg(feature = "alloc-jemalloc")]
+mod chosen {
+    use std::ffi::CStr;
+
+    #[global_allocator]
+    static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+    pub const NAME: &str = "jemalloc";
+    pub const NOTE: &str = "";
+
+    /// Runs one "void" mallctl (no input, no output), such as a flush or a purge.
+    fn mallctl_void(name: &CStr) {
+        // SAFETY: `name` is NUL-terminated; the commands used here read and write no values,
+        // so null old/new pointers with zero lengths are what jemalloc expects.
+        unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            );
+        }
+    }
+
+    /// Flushes this thread's tcache into the arenas, then purges every arena (4096 is
+    /// jemalloc's `MALLCTL_ARENAS_ALL`), so dirty and muzzy pages go back to the OS now rather
+    /// than after the decay time.
+    pub fn trim() -> bool {
+        mallctl_void(c"thread.tcache.flush");
+        mallctl_void(c"arena.4096.purge");
+        true
+    }
+}
+
+#[cfg(not(any(
+    feature = "alloc-tagalloc",
+    feature = "alloc-system",
+    feature = "alloc-mimalloc",
+    feature = "alloc-jemalloc"
+)))]
+mod chosen {
+    pub const NAME: &str = "none";
+    pub const NOTE: &str = "";
+
+    pub fn trim() -> bool {
+        false
+    }
+}
+
+/// The name of the allocator this build uses (one of [`ALL`]), or `"none"` when no `alloc-*`
+/// feature is enabled.
+pub const NAME: &str = chosen::NAME;
+
+/// A warning to print with every result of this build; empty for a genuine build.
+pub const NOTE: &str = chosen::NOTE;
+
+/// Asks the allocator to return cached free memory to the OS, if it has a way to be asked.
+/// Returns whether a hook was called.
+pub fn trim() -> bool {
+    chosen::trim()
+}

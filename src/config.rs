@@ -1,0 +1,96 @@
+//! Start-up configuration from the environment, read without allocating.
+//!
+//! The global allocator reads its settings the first time it needs memory, which can be
+//! before `main` and before std has anything set up, so the variables are read with
+//! `getenv` and parsed from bytes: no `String`, no `std::env`. A bad value prints one line
+//! on stderr and the default stays in force; it never aborts the program.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `TAGALLOC_PURGE_DELAY_MS` | milliseconds free memory stays mapped before it goes back to the OS; `0` = at once, `never` = only on `garbage_collect` | 1000 |
+
+use crate::fatal::{StackText, write_stderr};
+use core::ffi::CStr;
+use core::fmt::Write;
+use core::time::Duration;
+
+/// Default purge delay of the global allocator, in milliseconds (mimalloc's v3 default too).
+pub const DEFAULT_PURGE_DELAY_MS: u64 = 1000;
+
+/// A purge-delay setting: `Some(delay)`, or `None` for "only on `garbage_collect`".
+pub type PurgeDelay = Option<Duration>;
+
+/// Parses a purge delay: a number of milliseconds, or `never` / `off`.
+pub fn parse_purge_delay(text: &[u8]) -> Result<PurgeDelay, &'static str> {
+    let text = text.trim_ascii();
+    if text.eq_ignore_ascii_case(b"never") || text.eq_ignore_ascii_case(b"off") {
+        return Ok(None);
+    }
+    if text.is_empty() {
+        return Err("empty value");
+    }
+    let mut ms: u64 = 0;
+    for &b in text {
+        if !b.is_ascii_digit() {
+            return Err("expected a number of milliseconds or `never`");
+        }
+        ms = ms
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(b - b'0')))
+            .ok_or("number too large")?;
+    }
+    Ok(Some(Duration::from_millis(ms)))
+}
+
+/// The value of an environment variable as bytes, without allocating. `name` must end in
+/// a NUL byte.
+pub(crate) fn env_bytes(name: &CStr) -> Option<&'static [u8]> {
+    // SAFETY: `name` is NUL-terminated; getenv returns null or a NUL-terminated string that
+    // stays valid as long as nobody modifies the environment (the usual getenv caveat).
+    unsafe {
+        let p = libc::getenv(name.as_ptr());
+        (!p.is_null()).then(|| CStr::from_ptr(p).to_bytes())
+    }
+}
+
+/// Prints `tagalloc: <name>=<value> ignored: <why>` on stderr without allocating.
+pub(crate) fn warn_bad_value(name: &str, value: &[u8], why: &str) {
+    let mut text = StackText::<256>::new();
+    let shown = core::str::from_utf8(&value[..value.len().min(64)]).unwrap_or("<not UTF-8>");
+    let _ = writeln!(text, "tagalloc: {name}={shown:?} ignored: {why}");
+    write_stderr(text.as_bytes());
+}
+
+/// The purge delay the environment asks for, or the default; warns about bad values.
+pub(crate) fn purge_delay_from_env() -> PurgeDelay {
+    const NAME: &CStr = c"TAGALLOC_PURGE_DELAY_MS";
+    let default = Some(Duration::from_millis(DEFAULT_PURGE_DELAY_MS));
+    match env_bytes(NAME) {
+        None => default,
+        Some(value) => parse_purge_delay(value).unwrap_or_else(|why| {
+            warn_bad_value("TAGALLOC_PURGE_DELAY_MS", value, why);
+            default
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn purge_delays_parse_or_explain() {
+        assert_eq!(
+            parse_purge_delay(b"250"),
+            Ok(Some(Duration::from_millis(250)))
+        );
+        assert_eq!(parse_purge_delay(b" 0 "), Ok(Some(Duration::ZERO)));
+        assert_eq!(parse_purge_delay(b"never"), Ok(None));
+        assert_eq!(parse_purge_delay(b"OFF"), Ok(None));
+        assert!(parse_purge_delay(b"").is_err());
+        assert!(parse_purge_delay(b"12ms").is_err());
+        assert!(parse_purge_delay(b"-5").is_err());
+        assert!(parse_purge_delay(b"99999999999999999999999").is_err());
+        assert!(parse_purge_delay("\u{1F600}".as_bytes()).is_err());
+    }
+}

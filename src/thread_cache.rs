@@ -1,0 +1,581 @@
+//! Per-thread caches in front of the global heap's small blocks.
+//!
+//! The common small alloc and free touch only the calling thread's cache: a LIFO list per
+//! size class, popped and pushed with no lock and no atomic read-modify-write. Blocks move
+//! between a cache and the heap in batches under the class lock: a refill takes half a bin's
+//! limit, a full bin gives back half. A block freed by another thread than the one that
+//! allocated it simply joins the freeing thread's cache — pages belong to the heap, not to a
+//! thread, so nothing is ever stranded.
+//!
+//! Accounting stays exact: each cache counts, per class, the blocks its thread handed to and
+//! took back from the program (owner-only stores, no RMW). Readers sum every registered cache
+//! plus the counts left by exited threads.
+//!
+//! Thread exit: a pthread key destructor (which glibc runs after Rust's TLS destructors, which
+//! may still free) hands the cache back to the heap and marks it dead; a dead cache passes
+//! every request straight to the heap, so the allocator stays usable while the thread's last
+//! destructors run. The cache itself is a `const`-initialised `thread_local!` with no `Drop`,
+//! so reaching it is a plain TLS access with no lazy initialisation.
+//!
+//! `fork()`: handlers registered with `pthread_atfork` take every heap lock before the fork
+//! and release them after, and the child adopts the caches of the threads it lost.
+
+use crate::config;
+use crate::os::OsAllocator;
+use crate::schema::HphaSchema;
+use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
+use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
+use crate::sync::SpinLock;
+use core::cell::{Cell, UnsafeCell};
+use core::ptr::{self, null_mut};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
+
+/// The process-wide heap behind `SystemAllocator` and the thread caches.
+pub(crate) static HEAP: HphaSchema<OsAllocator> = HphaSchema::new(OsAllocator);
+
+/// Bytes a bin may hold before it gives half back, bounded in blocks below.
+const BIN_BYTES: usize = 16 * 1024;
+const MIN_BIN_BLOCKS: usize = 4;
+const MAX_BIN_BLOCKS: usize = 128;
+
+/// How many blocks of `class` a cache may hold.
+const fn bin_limit(class: usize) -> u32 {
+    let n = BIN_BYTES / class_size(class);
+    let n = if n < MIN_BIN_BLOCKS {
+        MIN_BIN_BLOCKS
+    } else {
+        n
+    };
+    (if n > MAX_BIN_BLOCKS {
+        MAX_BIN_BLOCKS
+    } else {
+        n
+    }) as u32
+}
+
+/// Blocks taken by the first refill of a bin.
+const FIRST_REFILL: u32 = 4;
+
+const STATE_NEW: u8 = 0;
+const STATE_ACTIVE: u8 = 1;
+const STATE_DEAD: u8 = 2;
+
+/// One size class's cached blocks.
+#[derive(Clone, Copy)]
+struct Bin {
+    head: *mut FreeSlot,
+    count: u32,
+    /// Blocks to take at the next refill: starts small so a short-lived thread that uses a
+    /// class once does not take (and later give back) a whole batch, and doubles with use
+    /// up to half the limit.
+    refill: u32,
+    /// 0 until the cache is registered and again once it is dead, so that the first free
+    /// of a new cache, and every free of a dead one, takes the slow path.
+    limit: u32,
+}
+
+/// Per-class allocation and free counts of one thread (or of the exited threads). Live
+/// blocks are their difference, so each operation bumps one counter.
+pub(crate) struct Counters {
+    allocations: [AtomicU64; CLASS_COUNT],
+    frees: [AtomicU64; CLASS_COUNT],
+}
+
+impl Counters {
+    const fn new() -> Self {
+        Self {
+            allocations: [const { AtomicU64::new(0) }; CLASS_COUNT],
+            frees: [const { AtomicU64::new(0) }; CLASS_COUNT],
+        }
+    }
+
+    /// Counts an allocation; only the owning thread writes, so a load and a store suffice.
+    ///
+    /// # Safety
+    /// `class < CLASS_COUNT`.
+    #[inline(always)]
+    unsafe fn owner_alloc(&self, class: usize) {
+        // SAFETY: forwarded from the caller.
+        let n = unsafe { self.allocations.get_unchecked(class) };
+        n.store(n.load(Relaxed) + 1, Relaxed);
+    }
+
+    /// # Safety
+    /// `class < CLASS_COUNT`.
+    #[inline(always)]
+    unsafe fn owner_free(&self, class: usize) {
+        // SAFETY: forwarded from the caller.
+        let n = unsafe { self.frees.get_unchecked(class) };
+        n.store(n.load(Relaxed) + 1, Relaxed);
+    }
+
+    /// Counts from any thread (for the shared counters of exited or cache-less threads).
+    fn shared_alloc(&self, class: usize) {
+        self.allocations[class].fetch_add(1, Relaxed);
+    }
+
+    fn shared_free(&self, class: usize) {
+        self.frees[class].fetch_add(1, Relaxed);
+    }
+
+    /// Moves these counts into `into` and zeroes them.
+    fn move_into(&self, into: &Counters) {
+        for class in 0..CLASS_COUNT {
+            into.allocations[class].fetch_add(self.allocations[class].swap(0, Relaxed), Relaxed);
+            into.frees[class].fetch_add(self.frees[class].swap(0, Relaxed), Relaxed);
+        }
+    }
+
+    fn add_to(&self, totals: &mut FrontTotals) {
+        for class in 0..CLASS_COUNT {
+            let allocated = self.allocations[class].load(Relaxed);
+            let freed = self.frees[class].load(Relaxed);
+            totals.live[class] += allocated as i64 - freed as i64;
+            totals.allocations += allocated;
+            totals.frees += freed;
+        }
+    }
+}
+
+/// What the program holds in small blocks, summed over every thread.
+pub(crate) struct FrontTotals {
+    /// Live blocks per class.
+    pub live: [i64; CLASS_COUNT],
+    pub allocations: u64,
+    pub frees: u64,
+}
+
+impl FrontTotals {
+    /// Live small blocks and their granted bytes.
+    pub(crate) fn live_blocks_and_bytes(&self) -> (usize, usize) {
+        let mut blocks = 0usize;
+        let mut bytes = 0usize;
+        for (class, &n) in self.live.iter().enumerate() {
+            let n = n.max(0) as usize;
+            blocks += n;
+            bytes += n * class_size(class);
+        }
+        (blocks, bytes)
+    }
+}
+
+/// One thread's cache. Lives in TLS; other threads only read its counters and, under the
+/// registry lock, its links.
+pub(crate) struct ThreadCache {
+    bins: UnsafeCell<[Bin; CLASS_COUNT]>,
+    counters: Counters,
+    state: Cell<u8>,
+    next: AtomicPtr<ThreadCache>,
+    prev: AtomicPtr<ThreadCache>,
+}
+
+impl ThreadCache {
+    const fn new() -> Self {
+        Self {
+            bins: UnsafeCell::new(
+                [Bin {
+                    head: null_mut(),
+                    count: 0,
+                    refill: FIRST_REFILL,
+                    limit: 0,
+                }; CLASS_COUNT],
+            ),
+            counters: Counters::new(),
+            state: Cell::new(STATE_NEW),
+            next: AtomicPtr::new(null_mut()),
+            prev: AtomicPtr::new(null_mut()),
+        }
+    }
+
+    /// The bin of `class`.
+    ///
+    /// # Safety
+    /// Only the owning thread (or a forked child that adopted the cache) may call this, and
+    /// not while another reference to the bin is live; `class < CLASS_COUNT`.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bin(&self, class: usize) -> &mut Bin {
+        // SAFETY: forwarded from the caller.
+        unsafe { (*self.bins.get()).get_unchecked_mut(class) }
+    }
+
+    #[inline(always)]
+    unsafe fn allocate(&self, class: usize) -> *mut u8 {
+        // SAFETY: called on the owning thread with a valid class.
+        unsafe {
+            let bin = self.bin(class);
+            let slot = bin.head;
+            if slot.is_null() {
+                return self.allocate_slow(class);
+            }
+            bin.head = (*slot).next;
+            bin.count -= 1;
+            self.counters.owner_alloc(class);
+            mark_allocated(slot.cast());
+            slot.cast()
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    unsafe fn allocate_slow(&self, class: usize) -> *mut u8 {
+        let small = HEAP.small_heap();
+        match self.state.get() {
+            STATE_DEAD => {
+                let p = small.allocate(class, HEAP.source());
+                if !p.is_null() {
+                    ORPHANS.shared_alloc(class);
+                }
+                return p;
+            }
+            STATE_NEW => self.register(),
+            _ => {}
+        }
+        if self.state.get() == STATE_DEAD {
+            // Registration failed: this thread runs without a cache.
+            // SAFETY: same thread, same class.
+            return unsafe { self.allocate_slow(class) };
+        }
+        // SAFETY: owning thread, valid class.
+        let bin = unsafe { self.bin(class) };
+        let want = bin.refill.min(bin.limit / 2).max(1) as usize;
+        bin.refill = bin.refill.saturating_mul(2);
+        let (head, got) = small.take_slots(class, want, HEAP.source());
+        HEAP.after_slow_path();
+        if got == 0 {
+            return null_mut();
+        }
+        // SAFETY: `head` is the first of `got` slots linked through their first word.
+        unsafe {
+            bin.head = (*head).next;
+            bin.count = got as u32 - 1;
+            self.counters.owner_alloc(class);
+            mark_allocated(head.cast());
+        }
+        head.cast()
+    }
+
+    #[inline(always)]
+    unsafe fn free(&self, ptr: *mut u8, class: usize) {
+        // SAFETY: `ptr` is a live small block of `class` (caller's contract); owning thread.
+        unsafe {
+            check_free(ptr, class);
+            let bin = self.bin(class);
+            if bin.count >= bin.limit {
+                return self.free_slow(ptr, class);
+            }
+            let slot: *mut FreeSlot = ptr.cast();
+            (*slot).next = bin.head;
+            bin.head = slot;
+            bin.count += 1;
+            self.counters.owner_free(class);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_slow(&self, ptr: *mut u8, class: usize) {
+        let slot: *mut FreeSlot = ptr.cast();
+        if self.state.get() == STATE_NEW {
+            self.register();
+        }
+        if self.state.get() == STATE_DEAD {
+            // SAFETY: the block was checked by `free` and is now free and ours.
+            unsafe { HEAP.small_heap().return_slots(class, slot, 1, HEAP.stamp()) };
+            HEAP.after_slow_path();
+            ORPHANS.shared_free(class);
+            return;
+        }
+        // SAFETY: owning thread, valid class; the slots handed back are free.
+        unsafe {
+            let bin = self.bin(class);
+            if bin.count >= bin.limit {
+                // Keep the most recently freed half (warm in cache), give back the rest.
+                let keep = bin.limit / 2;
+                let mut last_kept = bin.head;
+                for _ in 1..keep {
+                    last_kept = (*last_kept).next;
+                }
+                let (rest, rest_count) = if keep == 0 {
+                    let r = bin.head;
+                    bin.head = null_mut();
+                    (r, bin.count)
+                } else {
+                    let r = (*last_kept).next;
+                    (*last_kept).next = null_mut();
+                    (r, bin.count - keep)
+                };
+                bin.count -= rest_count;
+                HEAP.small_heap()
+                    .return_slots(class, rest, rest_count as usize, HEAP.stamp());
+                HEAP.after_slow_path();
+            }
+            (*slot).next = bin.head;
+            bin.head = slot;
+            bin.count += 1;
+            self.counters.owner_free(class);
+        }
+    }
+
+    /// Gives every cached block back to the heap.
+    ///
+    /// # Safety
+    /// Only the owning thread (or a forked child adopting the cache) may call this.
+    unsafe fn flush_all(&self) {
+        for class in 0..CLASS_COUNT {
+            // SAFETY: forwarded; the cached slots are free blocks of this class.
+            unsafe {
+                let bin = self.bin(class);
+                if bin.count > 0 {
+                    HEAP.small_heap().return_slots(
+                        class,
+                        bin.head,
+                        bin.count as usize,
+                        HEAP.stamp(),
+                    );
+                }
+                bin.head = null_mut();
+                bin.count = 0;
+            }
+        }
+    }
+
+    /// Registers the cache: thread-exit hook, registry entry, bin limits. On failure the
+    /// cache is marked dead and the thread runs without one.
+    #[cold]
+    fn register(&self) {
+        apply_environment_once();
+        let Some(key) = process_hooks() else {
+            self.state.set(STATE_DEAD);
+            return;
+        };
+        let me = ptr::from_ref(self).cast_mut();
+        // SAFETY: the key exists; the value is this thread's cache, valid until the key's
+        // destructor runs on this thread.
+        if unsafe { libc::pthread_setspecific(key, me.cast()) } != 0 {
+            self.state.set(STATE_DEAD);
+            return;
+        }
+        for class in 0..CLASS_COUNT {
+            // SAFETY: owning thread.
+            unsafe { self.bin(class).limit = bin_limit(class) };
+        }
+        let mut list = THREADS.lock();
+        self.prev.store(null_mut(), Relaxed);
+        self.next.store(list.head, Relaxed);
+        if !list.head.is_null() {
+            // SAFETY: registered caches stay valid until they unregister (under this lock).
+            unsafe { (*list.head).prev.store(me, Relaxed) };
+        }
+        list.head = me;
+        list.count += 1;
+        self.state.set(STATE_ACTIVE);
+    }
+
+    /// Flushes the cache, hands its counts to the orphan counters and leaves the registry.
+    ///
+    /// # Safety
+    /// The owning thread is exiting (or gone, in a forked child); `list` is the locked
+    /// registry containing this cache.
+    unsafe fn retire(&self, list: &mut ThreadList) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.flush_all() };
+        for class in 0..CLASS_COUNT {
+            // SAFETY: as above.
+            unsafe { self.bin(class).limit = 0 };
+        }
+        self.state.set(STATE_DEAD);
+        self.counters.move_into(&ORPHANS);
+        let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
+        // SAFETY: neighbours are registered caches, valid under the registry lock.
+        unsafe {
+            if prev.is_null() {
+                list.head = next;
+            } else {
+                (*prev).next.store(next, Relaxed);
+            }
+            if !next.is_null() {
+                (*next).prev.store(prev, Relaxed);
+            }
+        }
+        list.count -= 1;
+    }
+}
+
+thread_local! {
+    static CACHE: ThreadCache = const { ThreadCache::new() };
+}
+
+/// The registered caches of live threads.
+struct ThreadList {
+    head: *mut ThreadCache,
+    count: usize,
+}
+// SAFETY: the list only links TLS caches that unregister (under its lock) before their
+// thread's TLS goes away.
+unsafe impl Send for ThreadList {}
+
+static THREADS: SpinLock<ThreadList> = SpinLock::new(ThreadList {
+    head: null_mut(),
+    count: 0,
+});
+
+/// Counts of exited threads and of threads running without a cache.
+static ORPHANS: Counters = Counters::new();
+
+/// Allocates a small block of `class` for the program.
+#[inline(always)]
+pub(crate) fn allocate(class: usize) -> *mut u8 {
+    // SAFETY: the cache is this thread's own; `class` comes from `class_for`.
+    CACHE.with(|tc| unsafe { tc.allocate(class) })
+}
+
+/// Frees a small block of `class`.
+///
+/// # Safety
+/// `ptr` must be a live small block of `class` handed out by [`allocate`].
+#[inline(always)]
+pub(crate) unsafe fn free(ptr: *mut u8, class: usize) {
+    // SAFETY: forwarded from the caller; the cache is this thread's own.
+    CACHE.with(|tc| unsafe { tc.free(ptr, class) })
+}
+
+/// Live small blocks per class and call totals over all threads. Exact when no thread is
+/// allocating at the same moment.
+pub(crate) fn front_totals() -> FrontTotals {
+    let mut totals = FrontTotals {
+        live: [0; CLASS_COUNT],
+        allocations: 0,
+        frees: 0,
+    };
+    let list = THREADS.lock();
+    let mut tc = list.head;
+    while !tc.is_null() {
+        // SAFETY: registered caches are valid while the registry lock is held.
+        unsafe {
+            (*tc).counters.add_to(&mut totals);
+            tc = (*tc).next.load(Relaxed);
+        }
+    }
+    ORPHANS.add_to(&mut totals);
+    totals
+}
+
+/// Number of threads with a registered cache.
+pub(crate) fn registered_threads() -> usize {
+    THREADS.lock().count
+}
+
+/// Gives the calling thread's cached blocks back to the heap (e.g. before a measurement or
+/// a `garbage_collect`). The cache stays usable.
+pub(crate) fn flush_current_thread() {
+    // SAFETY: the cache is this thread's own.
+    CACHE.with(|tc| unsafe { tc.flush_all() });
+}
+
+/// Applies the environment's settings to the global heap the first time it is called.
+#[inline]
+pub(crate) fn apply_environment_once() {
+    if !ENV_APPLIED.load(Relaxed) && !ENV_APPLIED.swap(true, Relaxed) {
+        HEAP.set_purge_delay(config::purge_delay_from_env());
+    }
+}
+static ENV_APPLIED: AtomicBool = AtomicBool::new(false);
+
+/// Sets the global heap's purge delay from code; overrides the environment.
+pub(crate) fn set_purge_delay(delay: config::PurgeDelay) {
+    ENV_APPLIED.store(true, Relaxed);
+    HEAP.set_purge_delay(delay);
+}
+
+// ---- Process hooks: the thread-exit key and fork handlers, set up once. ----
+
+const HOOKS_UNSET: u8 = 0;
+const HOOKS_BUSY: u8 = 1;
+const HOOKS_READY: u8 = 2;
+const HOOKS_FAILED: u8 = 3;
+static HOOKS: AtomicU8 = AtomicU8::new(HOOKS_UNSET);
+static EXIT_KEY: AtomicU64 = AtomicU64::new(0);
+
+/// Creates the thread-exit key and registers the fork handlers, once per process. Returns
+/// the key, or `None` if the system refused.
+fn process_hooks() -> Option<libc::pthread_key_t> {
+    loop {
+        match HOOKS.load(Acquire) {
+            HOOKS_READY => return Some(EXIT_KEY.load(Relaxed) as libc::pthread_key_t),
+            HOOKS_FAILED => return None,
+            HOOKS_UNSET => {
+                if HOOKS
+                    .compare_exchange(HOOKS_UNSET, HOOKS_BUSY, Acquire, Relaxed)
+                    .is_err()
+                {
+                    continue;
+                }
+                let mut key: libc::pthread_key_t = 0;
+                // SAFETY: `key` is writable; the destructor has the signature pthread wants.
+                let ok = unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0
+                    // SAFETY: the handlers are plain functions that only take/release locks.
+                    && unsafe {
+                        libc::pthread_atfork(
+                            Some(before_fork),
+                            Some(after_fork_in_parent),
+                            Some(after_fork_in_child),
+                        )
+                    } == 0;
+                EXIT_KEY.store(key as u64, Relaxed);
+                HOOKS.store(if ok { HOOKS_READY } else { HOOKS_FAILED }, Release);
+            }
+            _ => core::hint::spin_loop(),
+        }
+    }
+}
+
+/// The pthread key destructor: runs on an exiting thread after its Rust TLS destructors.
+unsafe extern "C" fn on_thread_exit(cache: *mut libc::c_void) {
+    let tc: *const ThreadCache = cache.cast();
+    let mut list = THREADS.lock();
+    // SAFETY: the value is this thread's own registered cache, still in TLS.
+    unsafe { (*tc).retire(&mut list) };
+}
+
+unsafe extern "C" fn before_fork() {
+    // SAFETY: every lock is released by one of the two after-fork handlers.
+    unsafe {
+        THREADS.lock_raw();
+        HEAP.small_heap().lock_all();
+        HEAP.large_heap().lock_all();
+    }
+}
+
+unsafe extern "C" fn after_fork_in_parent() {
+    // SAFETY: the locks were taken by `before_fork` on this thread.
+    unsafe {
+        HEAP.large_heap().unlock_all();
+        HEAP.small_heap().unlock_all();
+        THREADS.force_unlock();
+    }
+}
+
+unsafe extern "C" fn after_fork_in_child() {
+    // SAFETY: the locks were taken by `before_fork` in the parent, copied into the child.
+    unsafe {
+        HEAP.large_heap().unlock_all();
+        HEAP.small_heap().unlock_all();
+        THREADS.force_unlock();
+    }
+    // Only this thread exists in the child: adopt the caches of the others, whose memory was
+    // copied but whose threads are gone.
+    let me = CACHE.with(|tc| ptr::from_ref(tc).cast_mut());
+    let mut list = THREADS.lock();
+    let mut tc = list.head;
+    while !tc.is_null() {
+        // SAFETY: registered caches are valid copies; their threads do not exist here.
+        unsafe {
+            let next = (*tc).next.load(Relaxed);
+            if tc != me {
+                (*tc).retire(&mut list);
+            }
+            tc = next;
+        }
+    }
+}

@@ -1,0 +1,997 @@
+//! Virtual blocks: offsets in a range of memory the allocator never touches.
+//!
+//! A [`VirtualBlock`] hands out `[offset, offset + size)` ranges of a block whose memory lives
+//! elsewhere: GPU memory, uncached or device memory, a file, or one big buffer. All of its
+//! bookkeeping is ordinary Rust data outside that memory, so it works where an allocator with
+//! in-band headers (rlsf, dlmalloc) cannot. It is the Rust counterpart of VMA's and D3D12MA's
+//! virtual blocks and of O3DE's `BestFitExternalMapSchema` (see [`ExternalMapAllocator`] for
+//! the pointer-based form).
+//!
+//! - Sizes and offsets are `u64` in any unit; alignments are powers of two.
+//! - Two algorithms: [`Algorithm::Tlsf`], an O(1) good-fit allocator with
+//!   [strategies](Strategy), and [`Algorithm::Linear`] for free-at-once, stack, double-stack
+//!   and ring-buffer use.
+//! - **No false out-of-memory** with TLSF: when any free range can hold the request after
+//!   alignment, the allocation succeeds. (OffsetAllocator and O3DE's original can fail here.)
+//! - Handles ([`Alloc`]) carry the block's identity and a generation, so freeing a stale or
+//!   foreign handle is a typed [`Error`], never corruption.
+//! - Per-allocation user data (the type parameter `U`), an optional name and a [`Tag`].
+//! - O(1) [`statistics`](VirtualBlock::statistics), the exact
+//!   [`largest_free`](VirtualBlock::largest_free) range, a
+//!   [`fragmentation`](VirtualBlock::fragmentation) metric,
+//!   [`detailed statistics`](VirtualBlock::detailed_statistics) with VMA's fields, JSON in
+//!   VMA's shape ([`to_json`](VirtualBlock::to_json)) and an SVG memory map
+//!   ([`to_svg`](VirtualBlock::to_svg), [`memory_map_svg`]).
+//! - [`grow`](VirtualBlock::grow) in place, [`clear`](VirtualBlock::clear) at once, and
+//!   defragmentation in passes ([`defrag_pass`](VirtualBlock::defrag_pass)).
+//!
+//! A block has no internal locking, like VMA's: every change takes `&mut self`, so share one
+//! between threads behind a `Mutex`.
+//!
+//! ```
+//! use tagalloc::virtual_block::{Request, Tag, VirtualBlock};
+//!
+//! // A pretend 64 MiB GPU heap; user data is a resource id.
+//! let mut heap: VirtualBlock<u32> = VirtualBlock::new(64 << 20);
+//! let textures = Tag::new("textures");
+//! let a = heap.allocate(&Request::new(3 << 20).align(64 << 10).tag(textures).name("albedo"), 7)?;
+//! assert_eq!(a.offset() % (64 << 10), 0);
+//! assert_eq!(heap.info(a)?.name, Some("albedo"));
+//! assert_eq!(heap.statistics().allocation_bytes, 3 << 20);
+//! assert_eq!(heap.free(a)?, 7);
+//! assert!(heap.free(a).is_err()); // stale handle: a typed error, not corruption
+//! heap.validate()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod defrag;
+mod facade;
+mod json;
+mod linear;
+mod stats;
+mod svg;
+#[cfg(test)]
+mod tests;
+mod tlsf;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::{NonZeroU8, NonZeroU32};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub use defrag::{DefragLimits, Move};
+pub use facade::{ExternalMapAllocator, FacadeStatistics};
+pub use stats::{DetailedStatistics, Statistics, TagStatistics};
+pub use svg::{MapRow, memory_map_svg};
+
+use linear::{Linear, LinearFail};
+use tlsf::{NIL, NodeKind, Tlsf};
+
+/// How a block places allocations. Chosen when the block is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// Two-level segregated fit: O(1) good fit, any allocation and free order, no false
+    /// out-of-memory. The default.
+    #[default]
+    Tlsf,
+    /// Allocations only at the ends: free-at-once, stack, double stack (with
+    /// [`Request::upper_address`]) or ring buffer. The cheapest possible bookkeeping, but space
+    /// freed in the middle is reused only once the ends reach it.
+    Linear,
+}
+
+/// Which free range a TLSF allocation takes. Ignored by the linear algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Strategy {
+    /// O(1) good fit: first the head of the request's own size class if it fits (a tight
+    /// fit), else the head of the smallest size class whose every range fits; an exact search
+    /// only when both find nothing. Fast, with little fragmentation.
+    #[default]
+    Balanced,
+    /// The head of the smallest size class whose every range fits, without the tight-fit
+    /// check: one memory access fewer, slightly looser packing. (VMA's `STRATEGY_MIN_TIME`.)
+    MinTime,
+    /// Best fit: the smallest free range that fits, searched from the request's own size
+    /// class upwards. The walk examines at most 64 free ranges (many small ones can fail an
+    /// alignment), then settles for the best seen or falls back to `Balanced`: tightest
+    /// packing, slower. (VMA's `STRATEGY_MIN_MEMORY`.)
+    MinMemory,
+    /// The fitting free range with the lowest offset: packs allocations towards the start.
+    /// O(free ranges). (VMA's `STRATEGY_MIN_OFFSET`.)
+    MinOffset,
+}
+
+/// A category an allocation belongs to, such as "textures" or "vertex buffers".
+///
+/// Tags colour the [SVG memory map](VirtualBlock::to_svg), appear in the JSON and are summed by
+/// [`VirtualBlock::tag_statistics`]. A tag is a `'static` name, so it costs a pointer to carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tag(&'static str);
+
+impl Tag {
+    /// A tag with this name.
+    pub const fn new(name: &'static str) -> Self {
+        Tag(name)
+    }
+
+    /// The tag's name.
+    pub const fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+/// What to allocate: size, alignment and options, built up with chained calls.
+///
+/// ```
+/// use tagalloc::virtual_block::{Request, Strategy, Tag};
+/// let r = Request::new(256).align(64).strategy(Strategy::MinMemory).tag(Tag::new("mesh"));
+/// assert_eq!(r.size(), 256);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    size: u64,
+    align: u64,
+    strategy: Strategy,
+    upper: bool,
+    tag: Option<Tag>,
+    name: Option<&'a str>,
+}
+
+impl<'a> Request<'a> {
+    /// A request for `size` units, aligned to 1, with the default strategy.
+    pub const fn new(size: u64) -> Self {
+        Request {
+            size,
+            align: 1,
+            strategy: Strategy::Balanced,
+            upper: false,
+            tag: None,
+            name: None,
+        }
+    }
+
+    /// Sets the alignment of the offset; it must be a power of two.
+    pub const fn align(mut self, align: u64) -> Self {
+        self.align = align;
+        self
+    }
+
+    /// Sets the placement strategy (TLSF blocks only).
+    pub const fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Allocates from the top of the block, growing down: the upper stack of a double stack.
+    /// Only valid for [`Algorithm::Linear`] blocks.
+    pub const fn upper_address(mut self) -> Self {
+        self.upper = true;
+        self
+    }
+
+    /// Sets the allocation's tag.
+    pub const fn tag(mut self, tag: Tag) -> Self {
+        self.tag = Some(tag);
+        self
+    }
+
+    /// Sets the allocation's name; the block keeps a copy.
+    pub const fn name(mut self, name: &'a str) -> Self {
+        self.name = Some(name);
+        self
+    }
+
+    /// The requested size.
+    pub const fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+/// A handle to one allocation of one block: small, `Copy`, and checked on every use.
+///
+/// It records which block made it and a generation, so a handle that was freed (stale) or that
+/// comes from another block (foreign) is reported as an [`Error`] instead of freeing someone
+/// else's range. A committed defragmentation move retires the old handle and returns a new one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Alloc {
+    offset: u64,
+    slot: u32,
+    generation: u32,
+    /// The TLSF node (NIL for linear blocks). The slot records it too; carrying it here lets
+    /// `free` fetch the node and the slot at the same time instead of one after the other.
+    node: u32,
+    block: NonZeroU32,
+}
+
+impl Alloc {
+    /// Where the allocation starts in the block.
+    pub const fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+/// Everything the block knows about one allocation, see [`VirtualBlock::info`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct AllocInfo<'a, U> {
+    /// The allocation's handle.
+    pub handle: Alloc,
+    /// Where it starts.
+    pub offset: u64,
+    /// Its size as requested.
+    pub size: u64,
+    /// The alignment it was requested with.
+    pub align: u64,
+    /// Its tag, if any.
+    pub tag: Option<Tag>,
+    /// Its name, if any.
+    pub name: Option<&'a str>,
+    /// The user data given at allocation.
+    pub user: &'a U,
+}
+
+/// One range of a block, as listed by [`VirtualBlock::ranges`] in offset order.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Range<'a, U> {
+    /// A live allocation.
+    Allocation(AllocInfo<'a, U>),
+    /// Space held for the destination of a pending defragmentation [`Move`].
+    Reserved {
+        /// Start of the range.
+        offset: u64,
+        /// Length of the range.
+        size: u64,
+    },
+    /// Free space (always maximal: two free ranges are never neighbours).
+    Free {
+        /// Start of the range.
+        offset: u64,
+        /// Length of the range.
+        size: u64,
+    },
+}
+
+impl<U> Range<'_, U> {
+    /// Start of the range.
+    pub fn offset(&self) -> u64 {
+        match self {
+            Range::Allocation(a) => a.offset,
+            Range::Reserved { offset, .. } | Range::Free { offset, .. } => *offset,
+        }
+    }
+
+    /// Length of the range.
+    pub fn size(&self) -> u64 {
+        match self {
+            Range::Allocation(a) => a.size,
+            Range::Reserved { size, .. } | Range::Free { size, .. } => *size,
+        }
+    }
+}
+
+/// Why an operation on a virtual block failed. Bad input never panics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A request for zero units.
+    ZeroSize,
+    /// An alignment that is not a power of two (0 included).
+    BadAlignment(u64),
+    /// No free range can hold the request after alignment (for TLSF this is never a false
+    /// alarm). The fields tell how far off it was.
+    OutOfSpace {
+        /// Requested size.
+        size: u64,
+        /// Requested alignment.
+        align: u64,
+        /// Free units in the block.
+        free_bytes: u64,
+        /// The largest free range.
+        largest_free: u64,
+    },
+    /// [`Request::upper_address`] on a block that is not [`Algorithm::Linear`].
+    UpperAddressNotLinear,
+    /// [`Request::upper_address`] while a linear block is in use as a ring buffer.
+    UpperAddressInRing,
+    /// The handle's allocation was freed (or moved, or the block cleared).
+    StaleHandle,
+    /// The handle, move or address belongs to another block.
+    ForeignHandle,
+    /// More than `u32::MAX - 1` allocation slots (or TLSF regions).
+    TooManyAllocations,
+    /// More than 65 535 distinct tags in one block.
+    TooManyTags,
+    /// [`VirtualBlock::grow`] with a smaller size.
+    CannotShrink {
+        /// The block's size.
+        capacity: u64,
+        /// The size asked for.
+        requested: u64,
+    },
+    /// Defragmentation of a linear block (allocations there cannot move).
+    DefragUnsupported,
+    /// A new defragmentation pass while moves of the previous one are neither committed nor
+    /// rejected.
+    DefragPending,
+    /// A move that is not pending any more (already committed or rejected, or from an old
+    /// pass).
+    UnknownMove,
+    /// A pointer that is not the start of a live allocation of this
+    /// [`ExternalMapAllocator`].
+    UnknownAddress,
+    /// The managed range does not fit in the address space.
+    AddressOverflow,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::ZeroSize => f.write_str("zero-sized allocation"),
+            Error::BadAlignment(a) => write!(f, "alignment {a} is not a power of two"),
+            Error::OutOfSpace {
+                size,
+                align,
+                free_bytes,
+                largest_free,
+            } => write!(
+                f,
+                "out of space for {size} units aligned to {align} ({free_bytes} free, \
+                 largest free range {largest_free})"
+            ),
+            Error::UpperAddressNotLinear => {
+                f.write_str("upper-address allocation needs the linear algorithm")
+            }
+            Error::UpperAddressInRing => {
+                f.write_str("upper-address allocation while the block is a ring buffer")
+            }
+            Error::StaleHandle => f.write_str("stale handle: the allocation is gone"),
+            Error::ForeignHandle => f.write_str("handle from another block"),
+            Error::TooManyAllocations => f.write_str("too many allocations"),
+            Error::TooManyTags => f.write_str("too many distinct tags in one block"),
+            Error::CannotShrink {
+                capacity,
+                requested,
+            } => {
+                write!(f, "cannot shrink a block of {capacity} to {requested}")
+            }
+            Error::DefragUnsupported => f.write_str("linear blocks cannot be defragmented"),
+            Error::DefragPending => f.write_str("the previous defragmentation pass has open moves"),
+            Error::UnknownMove => f.write_str("move is not pending"),
+            Error::UnknownAddress => f.write_str("address is not a live allocation"),
+            Error::AddressOverflow => f.write_str("range does not fit in the address space"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Per-allocation data kept in the handle table.
+#[derive(Debug)]
+struct Live<U> {
+    offset: u64,
+    size: u64,
+    /// The TLSF node (unused by the linear algorithm).
+    node: u32,
+    /// log2(alignment) + 1; non-zero so that `Option<Live>` needs no extra tag word.
+    align_log2_plus_one: NonZeroU8,
+    /// Whether `VirtualBlock::names` has an entry for this slot.
+    named: bool,
+    /// Index + 1 into `VirtualBlock::tags`; 0 for untagged.
+    tag: u16,
+    user: U,
+}
+
+/// A handle-table entry: 32 bytes for `U = ()` (names and tags live in side tables), aligned
+/// so that one never straddles two cache lines.
+#[derive(Debug)]
+#[repr(align(32))]
+struct Slot<U> {
+    generation: u32,
+    /// Next free slot while this one is free.
+    next_free: u32,
+    live: Option<Live<U>>,
+}
+
+#[derive(Clone, Debug)]
+enum Engine {
+    Tlsf(Tlsf),
+    Linear(Linear),
+}
+
+/// Encodes a power-of-two alignment for [`Live`].
+fn align_code(align: u64) -> NonZeroU8 {
+    NonZeroU8::MIN.saturating_add(align.trailing_zeros() as u8)
+}
+
+/// The slot index of a live handle of block `id`, or why it is not one.
+#[inline(always)]
+fn check_handle<U>(slots: &[Slot<U>], id: NonZeroU32, a: Alloc) -> Result<usize, Error> {
+    if a.block != id {
+        return Err(Error::ForeignHandle);
+    }
+    match slots.get(a.slot as usize) {
+        Some(s) if s.generation == a.generation && s.live.is_some() => Ok(a.slot as usize),
+        Some(_) => Err(Error::StaleHandle),
+        // Slots are never removed, so this block never issued such a handle.
+        None => Err(Error::ForeignHandle),
+    }
+}
+
+/// Source of block identities for foreign-handle detection.
+static NEXT_BLOCK_ID: AtomicU32 = AtomicU32::new(1);
+
+fn next_block_id() -> NonZeroU32 {
+    loop {
+        if let Some(id) = NonZeroU32::new(NEXT_BLOCK_ID.fetch_add(1, Ordering::Relaxed)) {
+            return id;
+        }
+    }
+}
+
+/// Offsets in a block of memory the allocator never touches; see the [module](self) docs.
+///
+/// `U` is per-allocation user data, returned by [`free`](Self::free).
+#[derive(Debug)]
+pub struct VirtualBlock<U = ()> {
+    id: NonZeroU32,
+    capacity: u64,
+    engine: Engine,
+    slots: Vec<Slot<U>>,
+    /// Head of the free-slot chain.
+    free_slot: u32,
+    /// Live user allocations and their requested bytes.
+    live_count: u32,
+    live_bytes: u64,
+    defrag: defrag::DefragState,
+    name: Option<Box<str>>,
+    /// Distinct tags in use, so that a slot stores a 2-byte index.
+    tags: Vec<Tag>,
+    /// Names of the allocations that have one, by slot (names are rare and cold).
+    names: HashMap<u32, Box<str>>,
+}
+
+impl<U> VirtualBlock<U> {
+    /// A TLSF block of `capacity` units.
+    pub fn new(capacity: u64) -> Self {
+        Self::with_algorithm(capacity, Algorithm::Tlsf)
+    }
+
+    /// A linear block of `capacity` units.
+    ///
+    /// ```
+    /// use tagalloc::virtual_block::{Request, VirtualBlock};
+    /// let mut frame = VirtualBlock::<()>::new_linear(1024);
+    /// let low = frame.allocate(&Request::new(100), ())?;
+    /// let high = frame.allocate(&Request::new(100).upper_address(), ())?;
+    /// assert_eq!((low.offset(), high.offset()), (0, 924));
+    /// # Ok::<(), tagalloc::virtual_block::Error>(())
+    /// ```
+    pub fn new_linear(capacity: u64) -> Self {
+        Self::with_algorithm(capacity, Algorithm::Linear)
+    }
+
+    /// A block of `capacity` units using `algorithm`.
+    pub fn with_algorithm(capacity: u64, algorithm: Algorithm) -> Self {
+        let engine = match algorithm {
+            Algorithm::Tlsf => Engine::Tlsf(Tlsf::new(capacity)),
+            Algorithm::Linear => Engine::Linear(Linear::new(capacity)),
+        };
+        VirtualBlock {
+            id: next_block_id(),
+            capacity,
+            engine,
+            slots: Vec::new(),
+            free_slot: NIL,
+            live_count: 0,
+            live_bytes: 0,
+            defrag: defrag::DefragState::default(),
+            name: None,
+            tags: Vec::new(),
+            names: HashMap::new(),
+        }
+    }
+
+    /// Names the block (shown by the SVG map and the example's reports).
+    pub fn set_name(&mut self, name: &str) {
+        self.name = Some(name.into());
+    }
+
+    /// The block's name, if set.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The block's size.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The block's algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        match self.engine {
+            Engine::Tlsf(_) => Algorithm::Tlsf,
+            Engine::Linear(_) => Algorithm::Linear,
+        }
+    }
+
+    /// The number of live allocations.
+    pub fn len(&self) -> usize {
+        self.live_count as usize
+    }
+
+    /// True when nothing is allocated (pending defragmentation reservations included).
+    pub fn is_empty(&self) -> bool {
+        self.live_count == 0 && self.defrag.open == 0
+    }
+
+    /// Allocates `req.size()` units; `user` is stored with the allocation.
+    ///
+    /// TLSF: O(1) unless the good-fit lists are empty, and it fails only when no free range
+    /// can hold the request after alignment.
+    pub fn allocate(&mut self, req: &Request<'_>, user: U) -> Result<Alloc, Error> {
+        if req.size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        if !req.align.is_power_of_two() {
+            return Err(Error::BadAlignment(req.align));
+        }
+        let tag = self.tag_code(req.tag)?;
+        let slot = if self.free_slot != NIL {
+            self.free_slot
+        } else if self.slots.len() < (NIL - 1) as usize {
+            self.slots.len() as u32
+        } else {
+            return Err(Error::TooManyAllocations);
+        };
+        let (node, offset) = match &mut self.engine {
+            Engine::Tlsf(t) => {
+                if req.upper {
+                    return Err(Error::UpperAddressNotLinear);
+                }
+                if !t.has_room() {
+                    return Err(Error::TooManyAllocations);
+                }
+                match t.find(req.size, req.align, req.strategy) {
+                    Some((i, at)) => (t.take(i, at, req.size, NodeKind::Used(slot)), at),
+                    None => return Err(self.out_of_space(req)),
+                }
+            }
+            Engine::Linear(l) => match l.allocate(req.size, req.align, req.upper, slot) {
+                Ok(at) => (NIL, at),
+                Err(LinearFail::UpperInRing) => return Err(Error::UpperAddressInRing),
+                Err(LinearFail::NoSpace) => return Err(self.out_of_space(req)),
+            },
+        };
+        let live = Live {
+            offset,
+            size: req.size,
+            node,
+            align_log2_plus_one: align_code(req.align),
+            named: req.name.is_some(),
+            tag,
+            user,
+        };
+        let generation = if slot as usize == self.slots.len() {
+            self.slots.push(Slot {
+                generation: 0,
+                next_free: NIL,
+                live: Some(live),
+            });
+            0
+        } else {
+            let s = &mut self.slots[slot as usize];
+            self.free_slot = s.next_free;
+            s.live = Some(live);
+            s.generation
+        };
+        if let Some(name) = req.name {
+            self.names.insert(slot, name.into());
+        }
+        self.live_count += 1;
+        self.live_bytes += req.size;
+        Ok(Alloc {
+            offset,
+            slot,
+            generation,
+            node,
+            block: self.id,
+        })
+    }
+
+    /// The slot code of a tag, adding it to the table when new.
+    #[inline]
+    fn tag_code(&mut self, tag: Option<Tag>) -> Result<u16, Error> {
+        let Some(tag) = tag else { return Ok(0) };
+        if let Some(i) = self.tags.iter().position(|&t| t == tag) {
+            return Ok(i as u16 + 1);
+        }
+        if self.tags.len() >= usize::from(u16::MAX) {
+            return Err(Error::TooManyTags);
+        }
+        self.tags.push(tag);
+        Ok(self.tags.len() as u16)
+    }
+
+    /// The tag of a slot code.
+    fn tag_of(&self, code: u16) -> Option<Tag> {
+        code.checked_sub(1).map(|i| self.tags[usize::from(i)])
+    }
+
+    #[cold]
+    fn out_of_space(&self, req: &Request<'_>) -> Error {
+        Error::OutOfSpace {
+            size: req.size,
+            align: req.align,
+            free_bytes: self.free_bytes(),
+            largest_free: self.largest_free(),
+        }
+    }
+
+    /// The slot index of a live handle, or why it is not one.
+    fn check(&self, a: Alloc) -> Result<usize, Error> {
+        check_handle(&self.slots, self.id, a)
+    }
+
+    fn live(&self, a: Alloc) -> Result<&Live<U>, Error> {
+        let i = self.check(a)?;
+        self.slots[i].live.as_ref().ok_or(Error::StaleHandle)
+    }
+
+    fn live_mut(&mut self, a: Alloc) -> Result<&mut Live<U>, Error> {
+        let i = self.check(a)?;
+        self.slots[i].live.as_mut().ok_or(Error::StaleHandle)
+    }
+
+    /// Frees an allocation and returns its user data. O(1) with TLSF (merging with free
+    /// neighbours), O(log n) at worst with the linear algorithm.
+    pub fn free(&mut self, a: Alloc) -> Result<U, Error> {
+        let i = self.check(a)?;
+        let slot = &mut self.slots[i];
+        let live = slot.live.take().ok_or(Error::StaleHandle)?;
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.next_free = self.free_slot;
+        self.free_slot = i as u32;
+        match &mut self.engine {
+            Engine::Tlsf(t) => {
+                // Handles are only made here and by `commit_move`, always with the slot's node.
+                debug_assert_eq!(a.node, live.node);
+                t.release(a.node)
+            }
+            Engine::Linear(l) => {
+                let found = l.free(live.offset, i as u32);
+                debug_assert!(found, "linear entry missing for a live handle");
+            }
+        }
+        if live.named {
+            self.names.remove(&(i as u32));
+        }
+        self.live_count -= 1;
+        self.live_bytes -= live.size;
+        Ok(live.user)
+    }
+
+    /// Frees everything at once (dropping the user data); every handle becomes stale, and
+    /// pending defragmentation moves are forgotten.
+    pub fn clear(&mut self) {
+        self.free_slot = NIL;
+        for (i, slot) in self.slots.iter_mut().enumerate().rev() {
+            if slot.live.take().is_some() {
+                slot.generation = slot.generation.wrapping_add(1);
+            }
+            slot.next_free = self.free_slot;
+            self.free_slot = i as u32;
+        }
+        match &mut self.engine {
+            Engine::Tlsf(t) => t.clear(),
+            Engine::Linear(l) => l.clear(),
+        }
+        self.names.clear();
+        self.live_count = 0;
+        self.live_bytes = 0;
+        self.defrag.forget();
+    }
+
+    /// Extends the block to `new_capacity` units; existing allocations stay where they are.
+    ///
+    /// With TLSF the new space joins a free range at the end. With the linear algorithm the
+    /// lower part can grow into it at once; an upper stack keeps its offsets, so the new space
+    /// above it is reached once that stack is empty.
+    ///
+    /// ```
+    /// use tagalloc::virtual_block::{Request, VirtualBlock};
+    /// let mut b = VirtualBlock::<()>::new(100);
+    /// assert!(b.allocate(&Request::new(150), ()).is_err());
+    /// b.grow(200)?;
+    /// assert!(b.allocate(&Request::new(150), ()).is_ok());
+    /// # Ok::<(), tagalloc::virtual_block::Error>(())
+    /// ```
+    pub fn grow(&mut self, new_capacity: u64) -> Result<(), Error> {
+        if new_capacity < self.capacity {
+            return Err(Error::CannotShrink {
+                capacity: self.capacity,
+                requested: new_capacity,
+            });
+        }
+        match &mut self.engine {
+            Engine::Tlsf(t) => t.grow(new_capacity),
+            Engine::Linear(l) => l.grow(new_capacity),
+        }
+        self.capacity = new_capacity;
+        Ok(())
+    }
+
+    /// Everything about a live allocation.
+    pub fn info(&self, a: Alloc) -> Result<AllocInfo<'_, U>, Error> {
+        let l = self.live(a)?;
+        Ok(self.info_of(a, l))
+    }
+
+    fn info_of<'a>(&'a self, handle: Alloc, l: &'a Live<U>) -> AllocInfo<'a, U> {
+        AllocInfo {
+            handle,
+            offset: l.offset,
+            size: l.size,
+            align: 1 << (l.align_log2_plus_one.get() - 1),
+            tag: self.tag_of(l.tag),
+            name: if l.named {
+                self.names.get(&handle.slot).map(|n| &**n)
+            } else {
+                None
+            },
+            user: &l.user,
+        }
+    }
+
+    /// True when `a` is a live allocation of this block.
+    pub fn contains(&self, a: Alloc) -> bool {
+        self.check(a).is_ok()
+    }
+
+    /// The user data of a live allocation.
+    pub fn user_data(&self, a: Alloc) -> Result<&U, Error> {
+        Ok(&self.live(a)?.user)
+    }
+
+    /// The user data of a live allocation, to change it.
+    pub fn user_data_mut(&mut self, a: Alloc) -> Result<&mut U, Error> {
+        Ok(&mut self.live_mut(a)?.user)
+    }
+
+    /// Renames an allocation (`None` removes the name).
+    pub fn set_allocation_name(&mut self, a: Alloc, name: Option<&str>) -> Result<(), Error> {
+        let live = self.live_mut(a)?;
+        live.named = name.is_some();
+        match name {
+            Some(n) => self.names.insert(a.slot, n.into()),
+            None => self.names.remove(&a.slot),
+        };
+        Ok(())
+    }
+
+    /// Re-tags an allocation.
+    pub fn set_tag(&mut self, a: Alloc, tag: Option<Tag>) -> Result<(), Error> {
+        self.live(a)?;
+        let code = self.tag_code(tag)?;
+        self.live_mut(a)?.tag = code;
+        Ok(())
+    }
+
+    /// The handle of the live allocation in `slot`, with its data.
+    fn slot_info(&self, slot: u32) -> Option<AllocInfo<'_, U>> {
+        let s = self.slots.get(slot as usize)?;
+        let l = s.live.as_ref()?;
+        let handle = Alloc {
+            offset: l.offset,
+            slot,
+            generation: s.generation,
+            node: l.node,
+            block: self.id,
+        };
+        Some(self.info_of(handle, l))
+    }
+
+    /// Every range of the block in offset order: allocations, reserved and free space.
+    ///
+    /// ```
+    /// use tagalloc::virtual_block::{Range, Request, VirtualBlock};
+    /// let mut b = VirtualBlock::<()>::new(100);
+    /// b.allocate(&Request::new(10).align(16), ())?;
+    /// let sizes: Vec<_> = b.ranges().map(|r| (r.offset(), r.size())).collect();
+    /// assert_eq!(sizes, [(0, 10), (10, 90)]);
+    /// assert!(matches!(b.ranges().last(), Some(Range::Free { .. })));
+    /// # Ok::<(), tagalloc::virtual_block::Error>(())
+    /// ```
+    pub fn ranges(&self) -> Ranges<'_, U> {
+        let taken: Box<dyn Iterator<Item = (u64, u64, Owner)> + '_> = match &self.engine {
+            Engine::Tlsf(t) => Box::new(t.taken().map(|(o, s, k)| {
+                let owner = match k {
+                    NodeKind::Reserved(_) => Owner::Reserved,
+                    NodeKind::Used(slot) => Owner::Slot(slot),
+                    NodeKind::Free | NodeKind::Vacant => Owner::Slot(NIL),
+                };
+                (o, s, owner)
+            })),
+            Engine::Linear(l) => Box::new(l.taken().map(|(o, s, slot)| (o, s, Owner::Slot(slot)))),
+        };
+        Ranges {
+            block: self,
+            taken,
+            cursor: 0,
+            held: None,
+        }
+    }
+
+    /// Checks every internal invariant: the algorithm's structures, the handle table, and
+    /// that counters equal recomputed sums. Meant for tests and debugging (O(n)).
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        self.validate_inner().map_err(ValidationError)
+    }
+
+    fn validate_inner(&self) -> Result<(), String> {
+        match &self.engine {
+            Engine::Tlsf(t) => t.validate()?,
+            Engine::Linear(l) => l.validate()?,
+        }
+        let mut seen = vec![false; self.slots.len()];
+        let (mut count, mut bytes, mut reserved, mut reserved_bytes, mut free) = (0u32, 0, 0, 0, 0);
+        let mut end = 0u64;
+        for r in self.ranges() {
+            if r.offset() != end || r.size() == 0 {
+                return Err(format!("range at {} does not follow {end}", r.offset()));
+            }
+            end += r.size();
+            match r {
+                Range::Allocation(a) => {
+                    let slot = a.handle.slot as usize;
+                    if std::mem::replace(&mut seen[slot], true) {
+                        return Err(format!("slot {slot} listed twice"));
+                    }
+                    if a.offset % a.align != 0 {
+                        return Err(format!(
+                            "allocation at {} not aligned to {}",
+                            a.offset, a.align
+                        ));
+                    }
+                    count += 1;
+                    bytes += a.size;
+                }
+                Range::Reserved { size, .. } => {
+                    reserved += 1;
+                    reserved_bytes += size;
+                }
+                Range::Free { size, .. } => free += size,
+            }
+        }
+        if end != self.capacity {
+            return Err(format!("ranges end at {end}, block is {}", self.capacity));
+        }
+        if (count, bytes) != (self.live_count, self.live_bytes) {
+            return Err(format!(
+                "{count} allocations of {bytes} units listed, counters say {} of {}",
+                self.live_count, self.live_bytes
+            ));
+        }
+        if (reserved, reserved_bytes) != (self.defrag.open, self.defrag.reserved_bytes) {
+            return Err("defragmentation reservations disagree with their counters".into());
+        }
+        if free != self.free_bytes() {
+            return Err(format!(
+                "{free} free units listed, counters say {}",
+                self.free_bytes()
+            ));
+        }
+        if let Engine::Tlsf(t) = &self.engine {
+            for (i, _, _, kind) in t.regions() {
+                if let NodeKind::Used(slot) = kind {
+                    let node = self.slots[slot as usize].live.as_ref().map(|l| l.node);
+                    if node != Some(i) {
+                        return Err(format!("slot {slot} does not point back at node {i}"));
+                    }
+                }
+            }
+            self.defrag.validate(t)?;
+        }
+        let live_slots = self.slots.iter().filter(|s| s.live.is_some()).count();
+        if live_slots != count as usize || seen.iter().filter(|&&s| s).count() != live_slots {
+            return Err("live slots and listed allocations differ".into());
+        }
+        let mut free_slots = 0usize;
+        let mut f = self.free_slot;
+        while f != NIL {
+            let s = self
+                .slots
+                .get(f as usize)
+                .ok_or_else(|| format!("free slot {f} out of range"))?;
+            if s.live.is_some() {
+                return Err(format!("slot {f} is on the free chain but live"));
+            }
+            free_slots += 1;
+            if free_slots > self.slots.len() {
+                return Err("free-slot chain has a cycle".into());
+            }
+            f = s.next_free;
+        }
+        if free_slots + live_slots != self.slots.len() {
+            return Err("free-slot chain misses slots".into());
+        }
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(l) = &s.live {
+                if l.named != self.names.contains_key(&(i as u32)) {
+                    return Err(format!("slot {i}: name flag disagrees with the name table"));
+                }
+                if usize::from(l.tag) > self.tags.len() {
+                    return Err(format!("slot {i}: tag index out of the table"));
+                }
+            }
+        }
+        if self.names.len() > live_slots {
+            return Err("names kept for freed allocations".into());
+        }
+        Ok(())
+    }
+}
+
+/// What occupies a taken range.
+#[derive(Clone, Copy, Debug)]
+enum Owner {
+    Slot(u32),
+    Reserved,
+}
+
+/// Iterator over a block's ranges, see [`VirtualBlock::ranges`].
+pub struct Ranges<'a, U> {
+    block: &'a VirtualBlock<U>,
+    taken: Box<dyn Iterator<Item = (u64, u64, Owner)> + 'a>,
+    cursor: u64,
+    held: Option<(u64, u64, Owner)>,
+}
+
+impl<'a, U> Iterator for Ranges<'a, U> {
+    type Item = Range<'a, U>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let next = self.held.take().or_else(|| self.taken.next());
+        match next {
+            Some((offset, size, owner)) => {
+                if offset > self.cursor {
+                    let free = Range::Free {
+                        offset: self.cursor,
+                        size: offset - self.cursor,
+                    };
+                    self.held = Some((offset, size, owner));
+                    self.cursor = offset;
+                    return Some(free);
+                }
+                self.cursor = offset + size;
+                Some(match owner {
+                    Owner::Reserved => Range::Reserved { offset, size },
+                    Owner::Slot(slot) => match self.block.slot_info(slot) {
+                        Some(info) => Range::Allocation(info),
+                        // Only reachable if the structures are corrupt; validate() reports it.
+                        None => Range::Reserved { offset, size },
+                    },
+                })
+            }
+            None if self.cursor < self.block.capacity => {
+                let free = Range::Free {
+                    offset: self.cursor,
+                    size: self.block.capacity - self.cursor,
+                };
+                self.cursor = self.block.capacity;
+                Some(free)
+            }
+            None => None,
+        }
+    }
+}
+
+/// A broken invariant found by [`VirtualBlock::validate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidationError(String);
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "virtual block is inconsistent: {}", self.0)
+    }
+}
+
+impl std::error::Error for ValidationError {}

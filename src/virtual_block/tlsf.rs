@@ -1,0 +1,938 @@
+//! The good-fit algorithm: two-level segregated fit (TLSF) over offsets.
+//!
+//! Every region of the block, free or taken, is a [`Node`] in one arena (`Vec`), linked to its
+//! physical neighbours. Free nodes are also linked into one of many size-segregated lists. A
+//! list is picked by a tiny floating-point encoding of the size: 5 bits of mantissa per power
+//! of two (sizes below 32 get exact lists), so there are 32 lists per octave and a block in a
+//! list is at most 1/32 (about 3 %) smaller than the next list's floor. Two bitmaps (one bit
+//! per octave, one bit per list) find the first non-empty list at or above a size in a few
+//! instructions.
+//!
+//! The fast path ("good fit") rounds the request up to the next list floor, so that *any*
+//! block in the chosen list fits even after worst-case alignment padding: O(1), no list walk.
+//! When that finds nothing, an exact search walks the lists that may still hold a fitting
+//! block and checks each block's real offset. That second step is what makes the allocator
+//! free of false out-of-memory failures (OffsetAllocator stops after the first step).
+//!
+//! Nothing here knows about handles or user data: a taken node only records an owner number
+//! that the block above interprets.
+
+use super::Strategy;
+
+/// "No node" in links.
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// log2 of the number of lists per octave.
+const SL_BITS: u32 = 5;
+/// Lists per octave.
+const SL_COUNT: usize = 1 << SL_BITS;
+
+/// Most free blocks [`Strategy::MinMemory`] examines before settling.
+pub(crate) const BEST_FIT_BUDGET: usize = 64;
+
+/// What a node is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NodeKind {
+    /// A free range, linked into a size list.
+    Free,
+    /// A live allocation; the number is the block's slot index.
+    Used(u32),
+    /// The destination of a pending defragmentation move; the number is the move's index.
+    Reserved(u32),
+    /// Not part of the block: waiting in the arena for reuse.
+    Vacant,
+}
+
+/// `prev_free` of a node that is not free says what it is instead (VMA encodes "taken" in the
+/// same field); `next_free` then holds the owner number or the next vacant node. Node indices
+/// stay below these values, so a node is 32 bytes: two per cache line.
+const VACANT: u32 = u32::MAX - 3;
+const RESERVED: u32 = u32::MAX - 2;
+const USED: u32 = u32::MAX - 1;
+/// Nodes an arena may hold (indices below the markers above).
+pub(crate) const MAX_NODES: usize = VACANT as usize;
+
+#[derive(Clone, Debug)]
+#[repr(align(32))]
+struct Node {
+    offset: u64,
+    size: u64,
+    prev_phys: u32,
+    next_phys: u32,
+    /// Free: the previous node of its list (or NIL). Otherwise `VACANT`, `RESERVED` or `USED`.
+    prev_free: u32,
+    /// Free: the next node of its list. Otherwise the owner number or next vacant node.
+    next_free: u32,
+}
+
+impl Node {
+    #[inline]
+    fn is_free(&self) -> bool {
+        !(VACANT..NIL).contains(&self.prev_free)
+    }
+
+    #[inline]
+    fn kind(&self) -> NodeKind {
+        match self.prev_free {
+            VACANT => NodeKind::Vacant,
+            RESERVED => NodeKind::Reserved(self.next_free),
+            USED => NodeKind::Used(self.next_free),
+            _ => NodeKind::Free,
+        }
+    }
+
+    /// Marks a node taken by `kind` (`Used` or `Reserved`).
+    #[inline]
+    fn set_taken(&mut self, kind: NodeKind) {
+        (self.prev_free, self.next_free) = match kind {
+            NodeKind::Used(slot) => (USED, slot),
+            NodeKind::Reserved(m) => (RESERVED, m),
+            NodeKind::Free | NodeKind::Vacant => unreachable!("not a taken kind"),
+        };
+    }
+}
+
+/// The list a free block of `size` belongs in (rounding down).
+#[inline]
+fn bin_down(size: u64) -> (usize, usize) {
+    debug_assert!(size > 0);
+    if size < SL_COUNT as u64 {
+        (0, size as usize)
+    } else {
+        let msb = 63 - size.leading_zeros();
+        let fl = (msb - SL_BITS + 1) as usize;
+        let sl = ((size >> (msb - SL_BITS)) as usize) - SL_COUNT;
+        (fl, sl)
+    }
+}
+
+/// The first list whose every block is at least `size` (rounding up), if one can exist.
+#[inline]
+fn bin_up(size: u64) -> Option<(usize, usize)> {
+    if size < SL_COUNT as u64 {
+        return Some((0, size as usize));
+    }
+    let msb = 63 - size.leading_zeros();
+    let step_minus_one = (1u64 << (msb - SL_BITS)) - 1;
+    size.checked_add(step_minus_one).map(bin_down)
+}
+
+/// The smallest size a list holds.
+#[cfg(test)]
+fn list_floor(fl: usize, sl: usize) -> u64 {
+    if fl == 0 {
+        sl as u64
+    } else {
+        ((SL_COUNT + sl) as u64) << (fl - 1)
+    }
+}
+
+/// The offset at which an allocation of `size` aligned to `align_mask + 1` lands in a free
+/// block at `offset` of `block_size`, if it fits.
+#[inline]
+fn fit(offset: u64, block_size: u64, size: u64, align_mask: u64) -> Option<u64> {
+    let aligned = offset.checked_add(align_mask)? & !align_mask;
+    let used = (aligned - offset).checked_add(size)?;
+    (used <= block_size).then_some(aligned)
+}
+
+/// Counters over the free ranges, kept up to date on every change (O(1) statistics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FreeTotals {
+    pub bytes: u64,
+    pub count: u32,
+    /// Σ size², for the fragmentation metric.
+    pub squares: u128,
+}
+
+impl FreeTotals {
+    #[inline]
+    fn add(&mut self, size: u64) {
+        self.bytes += size;
+        self.count += 1;
+        self.squares += u128::from(size) * u128::from(size);
+    }
+    #[inline]
+    fn remove(&mut self, size: u64) {
+        self.bytes -= size;
+        self.count -= 1;
+        self.squares -= u128::from(size) * u128::from(size);
+    }
+}
+
+/// The TLSF state of one block.
+#[derive(Clone, Debug)]
+pub(crate) struct Tlsf {
+    nodes: Vec<Node>,
+    /// Head of the chain of vacant nodes.
+    vacant: u32,
+    /// The node at offset 0 (NIL only for a zero-sized block).
+    first: u32,
+    /// The node that ends at the block's end.
+    last: u32,
+    capacity: u64,
+    /// Bit `fl` set when octave `fl` has a non-empty list.
+    fl_bitmap: u64,
+    /// Per octave, bit `sl` set when list `(fl, sl)` is non-empty.
+    sl_bitmaps: Vec<u32>,
+    /// Heads of the free lists, `fl * SL_COUNT + sl`.
+    heads: Vec<u32>,
+    totals: FreeTotals,
+}
+
+impl Tlsf {
+    pub(crate) fn new(capacity: u64) -> Self {
+        let mut t = Tlsf {
+            nodes: Vec::new(),
+            vacant: NIL,
+            first: NIL,
+            last: NIL,
+            capacity: 0,
+            fl_bitmap: 0,
+            sl_bitmaps: Vec::new(),
+            heads: Vec::new(),
+            totals: FreeTotals::default(),
+        };
+        t.grow(capacity);
+        t
+    }
+
+    /// Whether two more nodes (one allocation's padding and rest) fit in the arena.
+    #[inline]
+    pub(crate) fn has_room(&self) -> bool {
+        self.nodes.len() + 2 < MAX_NODES
+    }
+
+    pub(crate) fn totals(&self) -> FreeTotals {
+        self.totals
+    }
+
+    /// Sizes the list tables for a block of `capacity`.
+    fn ensure_classes(&mut self, capacity: u64) {
+        let classes = if capacity == 0 {
+            1
+        } else {
+            bin_down(capacity).0 + 1
+        };
+        if self.sl_bitmaps.len() < classes {
+            self.sl_bitmaps.resize(classes, 0);
+            self.heads.resize(classes * SL_COUNT, NIL);
+        }
+    }
+
+    #[inline(always)]
+    fn new_node(&mut self, node: Node) -> u32 {
+        if self.vacant != NIL {
+            let i = self.vacant;
+            self.vacant = self.nodes[i as usize].next_free;
+            self.nodes[i as usize] = node;
+            i
+        } else {
+            // The block refuses allocations before the arena reaches MAX_NODES.
+            debug_assert!(self.nodes.len() < MAX_NODES);
+            let i = self.nodes.len() as u32;
+            self.nodes.push(node);
+            i
+        }
+    }
+
+    #[inline(always)]
+    fn recycle(&mut self, i: u32) {
+        let n = &mut self.nodes[i as usize];
+        n.prev_free = VACANT;
+        n.next_free = self.vacant;
+        self.vacant = i;
+    }
+
+    /// Links free node `i` into its list.
+    #[inline(always)]
+    fn link_free(&mut self, i: u32) {
+        let size = self.nodes[i as usize].size;
+        let (fl, sl) = bin_down(size);
+        let li = fl * SL_COUNT + sl;
+        let head = self.heads[li];
+        {
+            let n = &mut self.nodes[i as usize];
+            n.prev_free = NIL;
+            n.next_free = head;
+        }
+        if head != NIL {
+            self.nodes[head as usize].prev_free = i;
+        }
+        self.heads[li] = i;
+        self.sl_bitmaps[fl] |= 1 << sl;
+        self.fl_bitmap |= 1 << fl;
+        self.totals.add(size);
+    }
+
+    /// Unlinks free node `i` from its list.
+    #[inline(always)]
+    fn unlink_free(&mut self, i: u32) {
+        let (size, prev, next) = {
+            let n = &self.nodes[i as usize];
+            debug_assert!(n.is_free());
+            (n.size, n.prev_free, n.next_free)
+        };
+        if prev != NIL {
+            self.nodes[prev as usize].next_free = next;
+        } else {
+            let (fl, sl) = bin_down(size);
+            let li = fl * SL_COUNT + sl;
+            self.heads[li] = next;
+            if next == NIL {
+                self.sl_bitmaps[fl] &= !(1 << sl);
+                if self.sl_bitmaps[fl] == 0 {
+                    self.fl_bitmap &= !(1 << fl);
+                }
+            }
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev_free = prev;
+        }
+        self.totals.remove(size);
+    }
+
+    /// The first non-empty list at or above `(fl, sl)`.
+    #[inline(always)]
+    fn first_list_from(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
+        if fl >= self.sl_bitmaps.len() {
+            return None;
+        }
+        let here = self.sl_bitmaps[fl] & (u32::MAX << sl);
+        if here != 0 {
+            return Some((fl, here.trailing_zeros() as usize));
+        }
+        let above = if fl + 1 >= 64 {
+            0
+        } else {
+            self.fl_bitmap & (u64::MAX << (fl + 1))
+        };
+        if above == 0 {
+            return None;
+        }
+        let fl = above.trailing_zeros() as usize;
+        Some((fl, self.sl_bitmaps[fl].trailing_zeros() as usize))
+    }
+
+    /// The non-empty list after `(fl, sl)`.
+    #[inline]
+    fn next_list(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
+        if sl + 1 < SL_COUNT {
+            self.first_list_from(fl, sl + 1)
+        } else {
+            self.first_list_from(fl + 1, 0)
+        }
+    }
+
+    /// Finds room for `size` aligned to `align` (a power of two). Returns the free node and
+    /// the aligned offset inside it; nothing is changed yet.
+    #[inline(always)]
+    pub(crate) fn find(&self, size: u64, align: u64, strategy: Strategy) -> Option<(u32, u64)> {
+        let mask = align - 1;
+        // Plain `if let` chains rather than `Option::or_else`: the closures were not always
+        // inlined, and returning the pair through memory cost more than the search itself.
+        let first = match strategy {
+            Strategy::MinOffset => return self.lowest_fit(size, mask),
+            Strategy::MinMemory => self.best_fit(size, mask),
+            Strategy::Balanced => self.tight_fit(size, mask),
+            Strategy::MinTime => None,
+        };
+        if first.is_some() {
+            return first;
+        }
+        if let Some(found) = self.good_fit(size, mask) {
+            return Some(found);
+        }
+        self.first_fit(size, mask)
+    }
+
+    /// O(1): the head of the first list whose every block fits even with worst-case padding.
+    #[inline(always)]
+    fn good_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+        let worst = size.checked_add(mask)?;
+        let (fl, sl) = bin_up(worst)?;
+        let (fl, sl) = self.first_list_from(fl, sl)?;
+        let i = self.heads[fl * SL_COUNT + sl];
+        let n = &self.nodes[i as usize];
+        let at = fit(n.offset, n.size, size, mask);
+        debug_assert!(
+            at.is_some(),
+            "good-fit list holds a block that does not fit"
+        );
+        at.map(|at| (i, at))
+    }
+
+    /// O(1): the head of the first non-empty list from the one `size` itself falls in, if it
+    /// fits at its real offset. That list's blocks are the closest in size to the request, so
+    /// this packs tighter than the good fit, which must allow for worst-case padding.
+    #[inline(always)]
+    fn tight_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+        let (fl, sl) = bin_down(size);
+        let (fl, sl) = self.first_list_from(fl, sl)?;
+        let i = self.heads[fl * SL_COUNT + sl];
+        let n = &self.nodes[i as usize];
+        fit(n.offset, n.size, size, mask).map(|at| (i, at))
+    }
+
+    /// Walks the lists that may hold a fitting block, lowest size first; the first block that
+    /// fits wins. This is the exact fallback that rules out false out-of-memory failures.
+    #[inline(never)]
+    fn first_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+        let (fl, sl) = bin_down(size);
+        let mut list = self.first_list_from(fl, sl);
+        while let Some((fl, sl)) = list {
+            let mut i = self.heads[fl * SL_COUNT + sl];
+            while i != NIL {
+                let n = &self.nodes[i as usize];
+                if let Some(at) = fit(n.offset, n.size, size, mask) {
+                    return Some((i, at));
+                }
+                i = n.next_free;
+            }
+            list = self.next_list(fl, sl);
+        }
+        None
+    }
+
+    /// The smallest fitting block (ties: lowest offset) among the first [`BEST_FIT_BUDGET`]
+    /// blocks examined. Lists are ordered by size, so the search starts at the request's own
+    /// list and stops at the first list that holds a fitting block; the budget bounds the walk
+    /// when many small blocks fail the alignment (then the good fit takes over).
+    #[inline(never)]
+    fn best_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+        let (fl, sl) = bin_down(size);
+        let mut list = self.first_list_from(fl, sl);
+        let mut budget = BEST_FIT_BUDGET;
+        let mut best: Option<(u32, u64)> = None;
+        while let Some((fl, sl)) = list {
+            let mut i = self.heads[fl * SL_COUNT + sl];
+            while i != NIL {
+                let n = &self.nodes[i as usize];
+                if let Some(at) = fit(n.offset, n.size, size, mask) {
+                    let better = best.is_none_or(|(b, _)| {
+                        let b = &self.nodes[b as usize];
+                        (n.size, n.offset) < (b.size, b.offset)
+                    });
+                    if better {
+                        best = Some((i, at));
+                    }
+                }
+                budget -= 1;
+                if budget == 0 {
+                    return best;
+                }
+                i = n.next_free;
+            }
+            if best.is_some() {
+                return best;
+            }
+            list = self.next_list(fl, sl);
+        }
+        None
+    }
+
+    /// The fitting block with the lowest offset (O(free ranges)).
+    #[inline(never)]
+    fn lowest_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+        let (fl, sl) = bin_down(size);
+        let mut best: Option<(u32, u64)> = None;
+        let mut list = self.first_list_from(fl, sl);
+        while let Some((fl, sl)) = list {
+            let mut i = self.heads[fl * SL_COUNT + sl];
+            while i != NIL {
+                let n = &self.nodes[i as usize];
+                if best.is_none_or(|(_, b)| n.offset < b) {
+                    if let Some(at) = fit(n.offset, n.size, size, mask) {
+                        best = Some((i, at));
+                    }
+                }
+                i = n.next_free;
+            }
+            list = self.next_list(fl, sl);
+        }
+        best
+    }
+
+    /// Gives free node `i` a new range. It is moved to another list only when its size class
+    /// changes, which spares two list updates in the common case of carving a small piece off
+    /// a big range (or merging one into it).
+    #[inline(always)]
+    fn resize_free(&mut self, i: u32, offset: u64, size: u64) {
+        let old = self.nodes[i as usize].size;
+        if bin_down(old) == bin_down(size) {
+            self.totals.remove(old);
+            self.totals.add(size);
+            let n = &mut self.nodes[i as usize];
+            n.offset = offset;
+            n.size = size;
+        } else {
+            self.unlink_free(i);
+            let n = &mut self.nodes[i as usize];
+            n.offset = offset;
+            n.size = size;
+            self.link_free(i);
+        }
+    }
+
+    /// Takes `[at, at + size)` out of free node `i` (as found by [`Tlsf::find`]) and gives it to
+    /// `kind`. Returns the node that now describes the taken range.
+    ///
+    /// Node `i` stays free and keeps what is left after the range (or, if nothing is, the
+    /// padding before it), so it usually keeps its list too; the taken range gets a node of its
+    /// own. Padding and rest never touch another free node, since free nodes never sit side by
+    /// side.
+    #[inline(always)]
+    pub(crate) fn take(&mut self, i: u32, at: u64, size: u64, kind: NodeKind) -> u32 {
+        let (offset, total, prev, next) = {
+            let n = &self.nodes[i as usize];
+            (n.offset, n.size, n.prev_phys, n.next_phys)
+        };
+        let pad = at - offset;
+        let rest = total - pad - size;
+        if pad == 0 && rest == 0 {
+            self.unlink_free(i);
+            self.nodes[i as usize].set_taken(kind);
+            return i;
+        }
+        let mut taken = Node {
+            offset: at,
+            size,
+            prev_phys: NIL,
+            next_phys: NIL,
+            prev_free: NIL,
+            next_free: NIL,
+        };
+        taken.set_taken(kind);
+        if rest > 0 {
+            // Layout: [padding?][taken][i = rest].
+            self.resize_free(i, at + size, rest);
+            taken.prev_phys = prev;
+            taken.next_phys = i;
+            let u = self.new_node(taken);
+            self.nodes[i as usize].prev_phys = u;
+            let before = if pad > 0 {
+                let p = self.new_node(Node {
+                    offset,
+                    size: pad,
+                    prev_phys: prev,
+                    next_phys: u,
+                    prev_free: NIL,
+                    next_free: NIL,
+                });
+                self.nodes[u as usize].prev_phys = p;
+                self.link_free(p);
+                p
+            } else {
+                u
+            };
+            if prev != NIL {
+                self.nodes[prev as usize].next_phys = before;
+            } else {
+                self.first = before;
+            }
+            u
+        } else {
+            // Layout: [i = padding][taken].
+            self.resize_free(i, offset, pad);
+            taken.prev_phys = i;
+            taken.next_phys = next;
+            let u = self.new_node(taken);
+            self.nodes[i as usize].next_phys = u;
+            if next != NIL {
+                self.nodes[next as usize].prev_phys = u;
+            } else {
+                self.last = u;
+            }
+            u
+        }
+    }
+
+    /// Returns taken node `i` to the free space, merged with free neighbours (O(1)). A free
+    /// neighbour absorbs it, so its list changes only if its size class does.
+    #[inline(always)]
+    pub(crate) fn release(&mut self, i: u32) {
+        debug_assert!(matches!(
+            self.nodes[i as usize].kind(),
+            NodeKind::Used(_) | NodeKind::Reserved(_)
+        ));
+        let (offset, size, prev, next) = {
+            let n = &self.nodes[i as usize];
+            (n.offset, n.size, n.prev_phys, n.next_phys)
+        };
+        let prev_free = prev != NIL && self.nodes[prev as usize].is_free();
+        let next_free = next != NIL && self.nodes[next as usize].is_free();
+        match (prev_free, next_free) {
+            (false, false) => self.link_free(i),
+            (false, true) => {
+                let grown = self.nodes[next as usize].size + size;
+                self.resize_free(next, offset, grown);
+                self.nodes[next as usize].prev_phys = prev;
+                if prev != NIL {
+                    self.nodes[prev as usize].next_phys = next;
+                } else {
+                    self.first = next;
+                }
+                self.recycle(i);
+            }
+            (true, false) => {
+                let (p_off, p_size) = {
+                    let p = &self.nodes[prev as usize];
+                    (p.offset, p.size)
+                };
+                self.resize_free(prev, p_off, p_size + size);
+                self.nodes[prev as usize].next_phys = next;
+                if next != NIL {
+                    self.nodes[next as usize].prev_phys = prev;
+                } else {
+                    self.last = prev;
+                }
+                self.recycle(i);
+            }
+            (true, true) => {
+                let (n_size, after) = {
+                    let n = &self.nodes[next as usize];
+                    (n.size, n.next_phys)
+                };
+                self.unlink_free(next);
+                let (p_off, p_size) = {
+                    let p = &self.nodes[prev as usize];
+                    (p.offset, p.size)
+                };
+                self.resize_free(prev, p_off, p_size + size + n_size);
+                self.nodes[prev as usize].next_phys = after;
+                if after != NIL {
+                    self.nodes[after as usize].prev_phys = prev;
+                } else {
+                    self.last = prev;
+                }
+                self.recycle(i);
+                self.recycle(next);
+            }
+        }
+    }
+
+    /// Changes who owns taken node `i` (used when a defragmentation move is committed).
+    pub(crate) fn set_kind(&mut self, i: u32, kind: NodeKind) {
+        debug_assert!(!matches!(
+            self.nodes[i as usize].kind(),
+            NodeKind::Free | NodeKind::Vacant
+        ));
+        self.nodes[i as usize].set_taken(kind);
+    }
+
+    pub(crate) fn kind(&self, i: u32) -> NodeKind {
+        self.nodes
+            .get(i as usize)
+            .map_or(NodeKind::Vacant, Node::kind)
+    }
+
+    pub(crate) fn prev_phys(&self, i: u32) -> u32 {
+        self.nodes[i as usize].prev_phys
+    }
+
+    pub(crate) fn next_phys(&self, i: u32) -> u32 {
+        self.nodes[i as usize].next_phys
+    }
+
+    pub(crate) fn node_range(&self, i: u32) -> (u64, u64) {
+        let n = &self.nodes[i as usize];
+        (n.offset, n.size)
+    }
+
+    /// Extends the block to `capacity` (not smaller than now): the tail becomes free space,
+    /// merged with a free last node.
+    pub(crate) fn grow(&mut self, capacity: u64) {
+        debug_assert!(capacity >= self.capacity);
+        let extra = capacity - self.capacity;
+        self.ensure_classes(capacity);
+        if extra == 0 {
+            return;
+        }
+        let old = self.capacity;
+        self.capacity = capacity;
+        if self.last != NIL && self.nodes[self.last as usize].is_free() {
+            let l = self.last;
+            self.unlink_free(l);
+            self.nodes[l as usize].size += extra;
+            self.link_free(l);
+            return;
+        }
+        let prev = self.last;
+        let n = self.new_node(Node {
+            offset: old,
+            size: extra,
+            prev_phys: prev,
+            next_phys: NIL,
+            prev_free: NIL,
+            next_free: NIL,
+        });
+        if prev != NIL {
+            self.nodes[prev as usize].next_phys = n;
+        } else {
+            self.first = n;
+        }
+        self.last = n;
+        self.link_free(n);
+    }
+
+    /// Forgets every region: one free node covers the block again. Keeps the arena's memory.
+    pub(crate) fn clear(&mut self) {
+        let capacity = self.capacity;
+        self.nodes.clear();
+        self.vacant = NIL;
+        self.first = NIL;
+        self.last = NIL;
+        self.capacity = 0;
+        self.fl_bitmap = 0;
+        self.sl_bitmaps.iter_mut().for_each(|b| *b = 0);
+        self.heads.iter_mut().for_each(|h| *h = NIL);
+        self.totals = FreeTotals::default();
+        self.grow(capacity);
+    }
+
+    /// The size of the largest free range, exactly: the top non-empty list is found from the
+    /// bitmaps, then that one list is scanned (its blocks differ by at most 1/32).
+    pub(crate) fn largest_free(&self) -> u64 {
+        if self.fl_bitmap == 0 {
+            return 0;
+        }
+        let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
+        let sl = 31 - self.sl_bitmaps[fl].leading_zeros() as usize;
+        let mut i = self.heads[fl * SL_COUNT + sl];
+        let mut best = 0;
+        while i != NIL {
+            let n = &self.nodes[i as usize];
+            best = best.max(n.size);
+            i = n.next_free;
+        }
+        best
+    }
+
+    /// The taken regions in offset order: `(offset, size, kind)`.
+    pub(crate) fn taken(&self) -> TakenIter<'_> {
+        TakenIter {
+            tlsf: self,
+            next: self.first,
+        }
+    }
+
+    /// Every region in offset order, including free ones.
+    pub(crate) fn regions(&self) -> impl Iterator<Item = (u32, u64, u64, NodeKind)> + '_ {
+        let mut cur = self.first;
+        std::iter::from_fn(move || {
+            if cur == NIL {
+                return None;
+            }
+            let i = cur;
+            let n = &self.nodes[i as usize];
+            cur = n.next_phys;
+            Some((i, n.offset, n.size, n.kind()))
+        })
+    }
+
+    /// Checks every structural invariant; the first broken one is described in the error.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let mut expected_offset = 0u64;
+        let mut prev = NIL;
+        let mut prev_free = false;
+        let mut seen = 0usize;
+        let mut totals = FreeTotals::default();
+        let mut cur = self.first;
+        while cur != NIL {
+            let n = self
+                .nodes
+                .get(cur as usize)
+                .ok_or_else(|| format!("node {cur} out of the arena"))?;
+            seen += 1;
+            if seen > self.nodes.len() {
+                return Err("physical list has a cycle".into());
+            }
+            if n.prev_phys != prev {
+                return Err(format!("node {cur}: prev_phys {} != {prev}", n.prev_phys));
+            }
+            if n.offset != expected_offset {
+                return Err(format!(
+                    "node {cur}: offset {} != {expected_offset}",
+                    n.offset
+                ));
+            }
+            if n.size == 0 {
+                return Err(format!("node {cur}: zero size"));
+            }
+            let free = match n.kind() {
+                NodeKind::Free => true,
+                NodeKind::Used(_) | NodeKind::Reserved(_) => false,
+                NodeKind::Vacant => return Err(format!("node {cur}: vacant node in the block")),
+            };
+            if free && prev_free {
+                return Err(format!("node {cur}: two free neighbours not merged"));
+            }
+            if free {
+                totals.add(n.size);
+                let (fl, sl) = bin_down(n.size);
+                if self.sl_bitmaps[fl] & (1 << sl) == 0 || self.fl_bitmap & (1 << fl) == 0 {
+                    return Err(format!("node {cur}: its list's bitmap bit is clear"));
+                }
+                let mut j = self.heads[fl * SL_COUNT + sl];
+                let mut steps = 0usize;
+                while j != NIL && j != cur {
+                    j = self.nodes[j as usize].next_free;
+                    steps += 1;
+                    if steps > self.nodes.len() {
+                        return Err("free list has a cycle".into());
+                    }
+                }
+                if j != cur {
+                    return Err(format!("node {cur}: free but not in list ({fl},{sl})"));
+                }
+            }
+            expected_offset = n
+                .offset
+                .checked_add(n.size)
+                .ok_or_else(|| format!("node {cur}: end overflows"))?;
+            prev_free = free;
+            prev = cur;
+            cur = n.next_phys;
+        }
+        if expected_offset != self.capacity {
+            return Err(format!(
+                "regions end at {expected_offset}, block is {}",
+                self.capacity
+            ));
+        }
+        if prev != self.last {
+            return Err("`last` is not the final node".into());
+        }
+        if totals != self.totals {
+            return Err(format!(
+                "free totals {:?} != recomputed {totals:?}",
+                self.totals
+            ));
+        }
+        // Every list: links consistent, members free and of the right size, bitmaps exact.
+        let mut listed = 0u32;
+        for fl in 0..self.sl_bitmaps.len() {
+            if (self.fl_bitmap >> fl) & 1 != u64::from(self.sl_bitmaps[fl] != 0) {
+                return Err(format!("octave {fl}: bitmap bit disagrees with its lists"));
+            }
+            for sl in 0..SL_COUNT {
+                let mut j = self.heads[fl * SL_COUNT + sl];
+                if (self.sl_bitmaps[fl] >> sl) & 1 != u32::from(j != NIL) {
+                    return Err(format!("list ({fl},{sl}): bitmap bit disagrees"));
+                }
+                let mut p = NIL;
+                while j != NIL {
+                    let n = &self.nodes[j as usize];
+                    if !n.is_free() || bin_down(n.size) != (fl, sl) {
+                        return Err(format!("node {j} in list ({fl},{sl}) does not belong"));
+                    }
+                    if n.prev_free != p {
+                        return Err(format!("node {j}: prev_free link broken"));
+                    }
+                    listed += 1;
+                    if listed > totals.count {
+                        return Err("more listed nodes than free regions".into());
+                    }
+                    p = j;
+                    j = n.next_free;
+                }
+            }
+        }
+        if listed != totals.count {
+            return Err(format!(
+                "{listed} listed nodes, {} free regions",
+                totals.count
+            ));
+        }
+        let mut vacant = 0usize;
+        let mut v = self.vacant;
+        while v != NIL {
+            if self.nodes[v as usize].kind() != NodeKind::Vacant {
+                return Err(format!("node {v} on the vacant chain is in use"));
+            }
+            vacant += 1;
+            if vacant > self.nodes.len() {
+                return Err("vacant chain has a cycle".into());
+            }
+            v = self.nodes[v as usize].next_free;
+        }
+        if vacant + seen != self.nodes.len() {
+            return Err(format!(
+                "{} nodes, {seen} in the block, {vacant} vacant",
+                self.nodes.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Iterator over taken regions, see [`Tlsf::taken`].
+pub(crate) struct TakenIter<'a> {
+    tlsf: &'a Tlsf,
+    next: u32,
+}
+
+impl Iterator for TakenIter<'_> {
+    type Item = (u64, u64, NodeKind);
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.next != NIL {
+            let n = &self.tlsf.nodes[self.next as usize];
+            self.next = n.next_phys;
+            if !n.is_free() {
+                return Some((n.offset, n.size, n.kind()));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bins_partition_sizes() {
+        // Every size maps to a list whose floor is <= size < next floor, and rounding up gives
+        // a list whose floor is >= size.
+        let mut sizes: Vec<u64> = (1..2000).collect();
+        for shift in 11..64 {
+            let p = 1u64 << shift;
+            sizes.extend([p - 1, p, p + 1, p + p / 3]);
+        }
+        sizes.push(u64::MAX);
+        for s in sizes {
+            let (fl, sl) = bin_down(s);
+            assert!(list_floor(fl, sl) <= s, "size {s}");
+            let (nfl, nsl) = if sl + 1 < SL_COUNT {
+                (fl, sl + 1)
+            } else {
+                (fl + 1, 0)
+            };
+            if nfl < 60 {
+                assert!(s < list_floor(nfl, nsl), "size {s} beyond its list");
+            }
+            match bin_up(s) {
+                Some((fl, sl)) => assert!(list_floor(fl, sl) >= s, "size {s} rounded down"),
+                None => assert!(s > (u64::MAX >> 1)),
+            }
+        }
+    }
+
+    #[test]
+    fn take_and_release_merge_back() {
+        let mut t = Tlsf::new(1000);
+        let (i, at) = t.find(10, 16, Strategy::Balanced).unwrap();
+        let a = t.take(i, at, 10, NodeKind::Used(0));
+        let (j, at2) = t.find(100, 64, Strategy::Balanced).unwrap();
+        let b = t.take(j, at2, 100, NodeKind::Used(1));
+        assert_eq!(at % 16, 0);
+        assert_eq!(at2 % 64, 0);
+        t.validate().unwrap();
+        t.release(a);
+        t.validate().unwrap();
+        t.release(b);
+        t.validate().unwrap();
+        assert_eq!(t.totals().count, 1);
+        assert_eq!(t.largest_free(), 1000);
+    }
+}
