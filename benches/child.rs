@@ -5,6 +5,14 @@
 //! (the ones the handles' `Allocator` impls make), and the child is also measured through
 //! `allocator_api2::alloc::Allocator`, so the difference is what tagging costs: counting
 //! the granted and requested bytes, the peak and the budget check. The target is ≤ 5 %.
+//!
+//! Measured (2-core shared Xeon, SystemAllocator with thread caches): a child adds about
+//! 25–35 ns per pair (16 B: 2.8 → 35 ns; 1 KiB: 10.6 → 35 ns; 16 KiB: 122 → 164 ns), each
+//! extra level as much again. Nearly all of it is the six uncontended atomic
+//! read-modify-writes per pair (granted, requested, count on each side): the same bench with
+//! those replaced by plain load+store (wrong across threads, measured only to find the cost)
+//! gives +3–4 ns. Meeting 5 % needs per-thread counters (no RMW on the fast path), which
+//! trades the exact peak and exact budget check for a bounded error.
 
 use allocator_api2::alloc::Allocator;
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
