@@ -1,12 +1,19 @@
 //! Schemas: the allocation algorithms, free of global state.
 //!
-//! Each schema draws memory from a [`PageSource`](crate::os::PageSource) (the OS, or plain
-//! memory in tests) and can be used on its own; the allocators above add statistics,
-//! records and registration.
+//! HPHA draws memory from a [`PageSource`](crate::os::PageSource) (the OS, or plain memory
+//! in tests); the pools carve pages obtained from a [`PageParent`] (another allocator). Each
+//! schema can be used on its own; the allocators above add statistics, records and
+//! registration.
 
 pub mod hpha;
+mod parent;
+pub mod pool;
+pub mod thread_pool;
 
 pub use hpha::{HphaSchema, HphaStats};
+pub use parent::PageParent;
+pub use pool::{PoolConfig, PoolConfigError, PoolSchema, PoolStats};
+pub use thread_pool::ThreadPoolSchema;
 
 use core::ptr::NonNull;
 

@@ -1,0 +1,254 @@
+//! Child allocators: a pass-through to a parent that counts its own blocks.
+//!
+//! This is how a subsystem tags its memory (O3DE's `ChildAllocatorSchema`). A child asks
+//! its parent for every block and counts, in its own [`Counters`], the size the parent
+//! *granted* (the parent's size class or block size) and the size the caller requested.
+//! The parent counts the same block too, so a parent's figures include its children's.
+//!
+//! Parents are [`BlockAllocator`]s: the [`SystemAllocator`] and every declared allocator
+//! (so a child can have a child). Each call reports the granted size to the caller, and a
+//! free returns the granted size it released: the bottom of the chain asks the heap once
+//! (`usable_size`), and every child on the way up subtracts exactly what it once added,
+//! whatever size between requested and granted the caller passes back.
+
+use crate::budget::BudgetEvent;
+use crate::registry::{Registration, SYSTEM};
+use crate::schema::Allocation;
+use crate::stats::Counters;
+use crate::system::SystemAllocator;
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::NonNull;
+
+/// An allocator that hands out blocks and says how big they really are: what a child
+/// forwards to, and what the handles' `Allocator` impls are built on.
+///
+/// All sizes are non-zero (the handles serve zero-size requests without calling here).
+///
+/// # Safety
+/// Implementations must return blocks that are valid for reads and writes of the
+/// reported `size` bytes (at least `layout.size()`), aligned to `layout.align()`, and not
+/// aliased by any other live block, until freed. The granted size reported for a block
+/// must be the same at allocation, at any resize that keeps it, and at its free.
+pub unsafe trait BlockAllocator: Copy + Default + Send + Sync + 'static {
+    /// A value of the handle, for `const` contexts (handles are zero-sized).
+    const INSTANCE: Self;
+
+    /// This allocator's registry entry.
+    fn registration() -> &'static Registration;
+
+    /// Allocates a block for `layout` (non-zero size); `None` when out of memory or refused.
+    fn allocate_block(self, layout: Layout) -> Option<Allocation>;
+
+    /// Like [`allocate_block`](Self::allocate_block), with the whole granted block zeroed.
+    fn allocate_block_zeroed(self, layout: Layout) -> Option<Allocation>;
+
+    /// Frees a block and returns its granted size.
+    ///
+    /// # Safety
+    /// `ptr` must be a live block from this allocator, allocated (or last resized) with a
+    /// layout of the same alignment as `layout` and a size from the one requested up to the
+    /// one granted.
+    unsafe fn deallocate_block(self, ptr: NonNull<u8>, layout: Layout) -> usize;
+
+    /// Resizes a block to `new_size` bytes (non-zero), keeping its alignment and contents
+    /// up to the smaller size; returns the block (maybe moved) and the granted size the
+    /// old block had. `None` leaves the old block untouched.
+    ///
+    /// # Safety
+    /// As for [`deallocate_block`](Self::deallocate_block); `new_size` rounded up to the
+    /// alignment must not exceed `isize::MAX`.
+    unsafe fn reallocate_block(
+        self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<(Allocation, usize)>;
+}
+
+// SAFETY: the heap's blocks are valid, aligned and unaliased (GlobalAlloc's contract,
+// which SystemAllocator upholds); granted sizes come from `usable_size`, which depends only
+// on the block (and on the layout's size within the requested..=granted range).
+unsafe impl BlockAllocator for SystemAllocator {
+    const INSTANCE: Self = SystemAllocator::new();
+
+    fn registration() -> &'static Registration {
+        &SYSTEM
+    }
+
+    #[inline]
+    fn allocate_block(self, layout: Layout) -> Option<Allocation> {
+        // SAFETY: the layout has a non-zero size (trait contract).
+        let ptr = NonNull::new(unsafe { self.alloc(layout) })?;
+        // SAFETY: `ptr` was just allocated with `layout`.
+        let size = unsafe { self.usable_size(ptr, layout) };
+        Some(Allocation { ptr, size })
+    }
+
+    #[inline]
+    fn allocate_block_zeroed(self, layout: Layout) -> Option<Allocation> {
+        let block = self.allocate_block(layout)?;
+        // SAFETY: the block is ours and `size` bytes long. GlobalAlloc's `alloc_zeroed`
+        // only promises `layout.size()` zero bytes; the trait promises the whole block.
+        unsafe { block.ptr.as_ptr().write_bytes(0, block.size) };
+        Some(block)
+    }
+
+    #[inline]
+    unsafe fn deallocate_block(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller: a live block of this heap with a fitting layout.
+        unsafe {
+            let granted = self.usable_size(ptr, layout);
+            self.dealloc(ptr.as_ptr(), layout);
+            granted
+        }
+    }
+
+    #[inline]
+    unsafe fn reallocate_block(
+        self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<(Allocation, usize)> {
+        // SAFETY: forwarded from the caller; on success the new block is live with
+        // `new_layout` (same alignment, `new_size` bytes).
+        unsafe {
+            let old = self.usable_size(ptr, layout);
+            let new_ptr = NonNull::new(self.realloc(ptr.as_ptr(), layout, new_size))?;
+            let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
+            let size = self.usable_size(new_ptr, new_layout);
+            Some((Allocation { ptr: new_ptr, size }, old))
+        }
+    }
+}
+
+/// The child logic, for one registration and one parent. Handles declared with
+/// [`allocator!`](crate::allocator) (`child of …`) delegate to it.
+#[derive(Clone, Copy, Debug)]
+pub struct Child<P: BlockAllocator> {
+    registration: &'static Registration,
+    parent: P,
+}
+
+impl<P: BlockAllocator> Child<P> {
+    /// The child with entry `registration` (which must name `P` as its parent).
+    #[inline]
+    pub fn new(registration: &'static Registration) -> Self {
+        Self {
+            registration,
+            parent: P::INSTANCE,
+        }
+    }
+
+    #[inline]
+    fn counters(&self) -> &'static Counters {
+        self.registration.counters()
+    }
+
+    /// Counts a block the parent just granted; refuses it (and gives it back) if that
+    /// breaks an enforced budget.
+    #[inline]
+    fn account(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
+        let counters = self.counters();
+        let live = counters.add_granted(block.size);
+        if self.registration.budget().exceeded_by(live) && !self.over_budget(live, block.size) {
+            counters.undo_granted(block.size);
+            // SAFETY: the parent just gave us this block for `layout`.
+            unsafe { self.parent.deallocate_block(block.ptr, layout) };
+            return None;
+        }
+        counters.commit_allocation(layout.size(), live);
+        Some(block)
+    }
+
+    /// Tells the budget hook; returns whether the allocation may go ahead.
+    #[cold]
+    #[inline(never)]
+    fn over_budget(&self, live: usize, request: usize) -> bool {
+        let budget = self.registration.budget();
+        let counters = self.counters();
+        let refused = budget.enforced();
+        let event = BudgetEvent {
+            allocator: self.registration.name(),
+            budget: budget.limit().unwrap_or(usize::MAX),
+            live_bytes: live,
+            request_bytes: request,
+            count: counters.record_over_budget(),
+            refused,
+        };
+        budget.notify(&event);
+        if refused {
+            counters.record_budget_failure();
+        }
+        !refused
+    }
+
+    /// Allocates through the parent and counts the block; see
+    /// [`BlockAllocator::allocate_block`].
+    #[inline]
+    pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
+        self.registration.register();
+        let block = self.parent.allocate_block(layout)?;
+        self.account(block, layout)
+    }
+
+    /// Zeroed allocation; see [`BlockAllocator::allocate_block_zeroed`].
+    #[inline]
+    pub fn allocate_zeroed(&self, layout: Layout) -> Option<Allocation> {
+        self.registration.register();
+        let block = self.parent.allocate_block_zeroed(layout)?;
+        self.account(block, layout)
+    }
+
+    /// Frees through the parent and uncounts the block; returns its granted size.
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`].
+    #[inline]
+    pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller.
+        let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
+        self.counters()
+            .record_free(granted, layout.size().min(granted));
+        granted
+    }
+
+    /// Resizes through the parent and recounts the block.
+    ///
+    /// While a budget in [`BudgetMode::Fail`](crate::BudgetMode::Fail) is set, growth
+    /// allocates a new block (which the budget may refuse, leaving the old one untouched),
+    /// copies and frees the old one, so the budget is exact; such a move is counted as an
+    /// allocation and a free.
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::reallocate_block`].
+    #[inline]
+    pub unsafe fn reallocate(
+        &self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<(Allocation, usize)> {
+        if new_size > layout.size() && self.registration.budget().enforced() {
+            let new_layout = Layout::from_size_align(new_size, layout.align()).ok()?;
+            let new = self.allocate(new_layout)?;
+            // SAFETY: both blocks are live and distinct; the old one holds at least
+            // `layout.size()` bytes, the new one more; the old one is then freed once.
+            unsafe {
+                ptr.as_ptr()
+                    .copy_to_nonoverlapping(new.ptr.as_ptr(), layout.size());
+                let old = self.deallocate(ptr, layout);
+                return Some((new, old));
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        let (new, old) = unsafe { self.parent.reallocate_block(ptr, layout, new_size)? };
+        let counters = self.counters();
+        let live = counters.record_resize(old, new.size, layout.size().min(old), new_size);
+        if new.size > old && self.registration.budget().exceeded_by(live) {
+            // Warn mode (Fail mode took the branch above): the hook is told, the block kept.
+            self.over_budget(live, new.size - old);
+        }
+        Some((new, old))
+    }
+}

@@ -1,0 +1,376 @@
+//! The registry: every allocator in the process, with its name, description, kind and parent.
+//!
+//! Each allocator owns one [`Registration`] in a `static`, built in a `const` context. On
+//! first use it links itself into a process-wide intrusive list with one compare-and-swap:
+//! no allocation, no lock, and no limit on the number of allocators (O3DE stops at 100). A
+//! registration is never unlinked (its `static` lives as long as the process), so walking
+//! the list from any thread at any time is safe without a lock, even while other
+//! allocators are joining it.
+//!
+//! The OS layer ([`OS`]) and the [`SystemAllocator`] ([`SYSTEM`]) are always registered,
+//! as indices 0 and 1. A declared allocator registers its parent before itself, so a
+//! parent's index is always below its children's.
+
+use crate::budget::{Budget, BudgetMode};
+use crate::os::OsAllocator;
+use crate::stats::{AllocatorStats, Counters};
+use crate::system::SystemAllocator;
+use core::fmt;
+use core::ptr;
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+
+/// What kind of allocator a registration describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AllocatorKind {
+    /// The OS layer: pages from `mmap`.
+    Os,
+    /// The general-purpose heap ([`SystemAllocator`]).
+    System,
+    /// A pass-through to a parent that keeps its own statistics.
+    Child,
+    /// A fixed-size-class pool owned by one thread at a time.
+    Pool,
+    /// A pool with one sub-pool per thread.
+    ThreadPool,
+}
+
+impl AllocatorKind {
+    /// A lower-case name for reports (`"os"`, `"system"`, `"child"`, `"pool"`,
+    /// `"thread_pool"`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Os => "os",
+            Self::System => "system",
+            Self::Child => "child",
+            Self::Pool => "pool",
+            Self::ThreadPool => "thread_pool",
+        }
+    }
+}
+
+/// Reads an allocator's figures for a snapshot.
+pub type StatsReader = fn(&'static Registration) -> AllocatorStats;
+
+const UNREGISTERED: u8 = 0;
+const REGISTERING: u8 = 1;
+const REGISTERED: u8 = 2;
+
+/// One allocator's entry in the registry, with its counters and budget; lives in a `static`.
+///
+/// Declared allocators get theirs from [`allocator!`](crate::allocator); read it through
+/// the handle's `registration()` or by walking [`allocators`].
+pub struct Registration {
+    name: &'static str,
+    description: &'static str,
+    kind: AllocatorKind,
+    /// A function rather than a reference: the parent's `static` is private to the macro
+    /// expansion that declared it, but its handle type can always name this function.
+    parent: Option<fn() -> &'static Registration>,
+    reader: StatsReader,
+    counters: Counters,
+    budget: Budget,
+    next: AtomicPtr<Registration>,
+    index: AtomicUsize,
+    state: AtomicU8,
+}
+
+/// The OS layer's entry: index 0, always registered.
+pub static OS: Registration = Registration {
+    state: AtomicU8::new(REGISTERED),
+    index: AtomicUsize::new(0),
+    ..Registration::new(
+        "OSAllocator",
+        "Pages mapped from the operating system",
+        AllocatorKind::Os,
+        None,
+        read_os,
+    )
+};
+
+/// The [`SystemAllocator`]'s entry: index 1, always registered; its parent is [`OS`].
+pub static SYSTEM: Registration = Registration {
+    state: AtomicU8::new(REGISTERED),
+    index: AtomicUsize::new(1),
+    next: AtomicPtr::new(ptr::addr_of!(OS).cast_mut()),
+    ..Registration::new(
+        "SystemAllocator",
+        "General-purpose HPHA heap",
+        AllocatorKind::System,
+        Some(os_registration),
+        read_system,
+    )
+};
+
+/// The most recently registered allocator: the head of the intrusive list.
+static HEAD: AtomicPtr<Registration> = AtomicPtr::new(ptr::addr_of!(SYSTEM).cast_mut());
+/// The index the next registration gets.
+static NEXT_INDEX: AtomicUsize = AtomicUsize::new(2);
+
+fn os_registration() -> &'static Registration {
+    &OS
+}
+
+fn read_os(_: &'static Registration) -> AllocatorStats {
+    let os = OsAllocator::stats();
+    AllocatorStats {
+        live_granted_bytes: os.mapped_bytes,
+        live_requested_bytes: None,
+        live_blocks: os.map_calls.saturating_sub(os.unmap_calls),
+        allocations: os.map_calls as u64,
+        frees: os.unmap_calls as u64,
+        reallocations: 0,
+        peak_granted_bytes: Some(os.peak_mapped_bytes),
+        reserved_bytes: os.mapped_bytes,
+        over_budget: 0,
+        budget_failures: 0,
+    }
+}
+
+fn read_system(_: &'static Registration) -> AllocatorStats {
+    let heap = SystemAllocator::new().stats();
+    AllocatorStats {
+        live_granted_bytes: heap.granted_bytes,
+        live_requested_bytes: None,
+        live_blocks: heap.live_blocks,
+        allocations: heap.allocations,
+        frees: heap.frees,
+        reallocations: 0,
+        peak_granted_bytes: None,
+        reserved_bytes: heap.held_bytes,
+        over_budget: 0,
+        budget_failures: 0,
+    }
+}
+
+impl Registration {
+    /// An unregistered entry. `parent` returns the parent's entry; `reader` produces the
+    /// figures for snapshots (use [`Registration::read_counters`] for allocators whose
+    /// figures are all in their own counters).
+    pub const fn new(
+        name: &'static str,
+        description: &'static str,
+        kind: AllocatorKind,
+        parent: Option<fn() -> &'static Registration>,
+        reader: StatsReader,
+    ) -> Self {
+        Self {
+            name,
+            description,
+            kind,
+            parent,
+            reader,
+            counters: Counters::new(),
+            budget: Budget::new(),
+            next: AtomicPtr::new(ptr::null_mut()),
+            index: AtomicUsize::new(usize::MAX),
+            state: AtomicU8::new(UNREGISTERED),
+        }
+    }
+
+    /// The reader for allocators whose figures are all in their [`Counters`] (children):
+    /// reserved bytes equal live granted bytes.
+    pub fn read_counters(this: &'static Registration) -> AllocatorStats {
+        this.counters.snapshot()
+    }
+
+    /// Links this entry into the registry if it is not yet (after its parent). Cheap when
+    /// already registered: one load. Never allocates, never blocks.
+    #[inline]
+    pub fn register(&'static self) {
+        if self.state.load(Ordering::Acquire) != REGISTERED {
+            self.register_slow();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn register_slow(&'static self) {
+        if let Some(parent) = self.parent {
+            parent().register();
+        }
+        if self
+            .state
+            .compare_exchange(
+                UNREGISTERED,
+                REGISTERING,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // Another thread is linking it in; it appears in the list momentarily.
+            return;
+        }
+        self.index.store(
+            NEXT_INDEX.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        let me = ptr::from_ref(self).cast_mut();
+        let mut head = HEAD.load(Ordering::Relaxed);
+        loop {
+            self.next.store(head, Ordering::Relaxed);
+            // Release: a walker that sees `me` at the head also sees `next` and `index`.
+            match HEAD.compare_exchange_weak(head, me, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(current) => head = current,
+            }
+        }
+        self.state.store(REGISTERED, Ordering::Release);
+    }
+
+    /// Whether this entry is in the registry.
+    pub fn is_registered(&self) -> bool {
+        self.state.load(Ordering::Acquire) == REGISTERED
+    }
+
+    /// The allocator's name (for declared allocators, the handle type's name).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// What the allocator is for.
+    pub fn description(&self) -> &'static str {
+        self.description
+    }
+
+    /// The allocator's kind.
+    pub fn kind(&self) -> AllocatorKind {
+        self.kind
+    }
+
+    /// The allocator this one draws its memory from (`None` for the OS layer).
+    pub fn parent(&self) -> Option<&'static Registration> {
+        self.parent.map(|f| f())
+    }
+
+    /// The position in registration order (0 = OS layer, 1 = SystemAllocator), or `None`
+    /// while not registered.
+    pub fn index(&self) -> Option<usize> {
+        match self.index.load(Ordering::Relaxed) {
+            usize::MAX => None,
+            i => Some(i),
+        }
+    }
+
+    /// A snapshot of this allocator's figures.
+    pub fn stats(&'static self) -> AllocatorStats {
+        let mut stats = (self.reader)(self);
+        let budget = self.counters.snapshot();
+        stats.over_budget = budget.over_budget;
+        stats.budget_failures = budget.budget_failures;
+        stats
+    }
+
+    /// The live counters (what children and pools update on every call).
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The byte budget settings.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Sets (`Some(bytes)`) or removes (`None`) a budget on live granted bytes, and what
+    /// going over does. Only allocators that count their own blocks (children, pools)
+    /// enforce budgets; on the OS and System entries a budget has no effect.
+    pub fn set_budget(&self, bytes: Option<usize>, mode: BudgetMode) {
+        self.budget.set(bytes, mode);
+    }
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("index", &self.index())
+            .field("parent", &self.parent().map(|p| p.name))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Walks every registered allocator, most recently registered first. Lock-free and
+/// allocation-free; allocators registered during the walk may or may not be seen.
+///
+/// ```
+/// let names: Vec<&str> = tagalloc::registry::allocators().map(|r| r.name()).collect();
+/// assert!(names.contains(&"SystemAllocator") && names.contains(&"OSAllocator"));
+/// ```
+pub fn allocators() -> Allocators {
+    Allocators {
+        next: HEAD.load(Ordering::Acquire),
+    }
+}
+
+/// Iterator over the registry; see [`allocators`].
+#[derive(Clone, Debug)]
+pub struct Allocators {
+    next: *const Registration,
+}
+
+impl Iterator for Allocators {
+    type Item = &'static Registration;
+
+    fn next(&mut self) -> Option<&'static Registration> {
+        // SAFETY: every pointer in the list was made from a `&'static Registration` and
+        // entries are never unlinked, so it is valid for the rest of the process. The
+        // acquire load of HEAD (or of the previous `next`) made its fields visible.
+        let entry = unsafe { self.next.as_ref()? };
+        self.next = entry.next.load(Ordering::Acquire);
+        Some(entry)
+    }
+}
+
+// SAFETY: the iterator only holds a pointer to a `'static`, `Sync` registration.
+unsafe impl Send for Allocators {}
+// SAFETY: as above; shared access never mutates through the pointer.
+unsafe impl Sync for Allocators {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static A: Registration = Registration::new(
+        "RegistryTestA",
+        "a",
+        AllocatorKind::Child,
+        Some(system),
+        Registration::read_counters,
+    );
+    static B: Registration = Registration::new(
+        "RegistryTestB",
+        "b",
+        AllocatorKind::Child,
+        Some(a),
+        Registration::read_counters,
+    );
+    fn system() -> &'static Registration {
+        &SYSTEM
+    }
+    fn a() -> &'static Registration {
+        &A
+    }
+
+    #[test]
+    fn miri_registering_a_child_registers_its_parent_first() {
+        assert!(!B.is_registered());
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| B.register());
+            }
+        });
+        B.register();
+        let ia = A.index().unwrap();
+        let ib = B.index().unwrap();
+        assert!(1 < ia && ia < ib);
+        let found: Vec<_> = allocators()
+            .filter(|r| r.name().starts_with("RegistryTest"))
+            .collect();
+        assert_eq!(found.len(), 2);
+        assert_eq!(B.parent().unwrap().name(), "RegistryTestA");
+        assert_eq!(OS.index(), Some(0));
+        assert_eq!(SYSTEM.parent().unwrap().name(), "OSAllocator");
+    }
+}

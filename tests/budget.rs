@@ -1,0 +1,91 @@
+//! Budgets: the hook is called when an allocation goes over; Warn lets it through, Fail
+//! refuses it (the container sees `AllocError`), growth in Fail mode is refused exactly and
+//! leaves the old block intact.
+
+use allocator_api2::alloc::Allocator;
+use allocator_api2::vec::Vec;
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use tagalloc::{BudgetEvent, BudgetMode, SystemAllocator};
+
+tagalloc::allocator!(Warned: child of SystemAllocator, "budget: warn");
+tagalloc::allocator!(Refused: child of SystemAllocator, "budget: fail");
+tagalloc::allocator!(Grown: child of SystemAllocator, "budget: growth");
+
+static WARN_EVENTS: AtomicU64 = AtomicU64::new(0);
+static WARN_LAST_LIVE: AtomicUsize = AtomicUsize::new(0);
+fn count_warn(event: &BudgetEvent) {
+    assert_eq!(event.allocator, "Warned");
+    assert!(!event.refused);
+    assert!(event.live_bytes > event.budget);
+    WARN_EVENTS.fetch_add(1, SeqCst);
+    WARN_LAST_LIVE.store(event.live_bytes, SeqCst);
+}
+
+#[test]
+fn warn_mode_calls_the_hook_and_allows_the_allocation() {
+    Warned.set_budget(Some(1000), BudgetMode::Warn);
+    Warned::registration().budget().set_hook(count_warn);
+    let layout = Layout::from_size_align(600, 8).unwrap();
+    let a = Warned.allocate(layout).unwrap();
+    assert_eq!(WARN_EVENTS.load(SeqCst), 0, "under budget: no call");
+    let b = Warned.allocate(layout).expect("warn mode lets it through");
+    assert_eq!(WARN_EVENTS.load(SeqCst), 1);
+    assert_eq!(WARN_LAST_LIVE.load(SeqCst), a.len() + b.len());
+    let s = Warned.stats();
+    assert_eq!((s.over_budget, s.budget_failures, s.live_blocks), (1, 0, 2));
+    // SAFETY: both allocated above with `layout`.
+    unsafe {
+        Warned.deallocate(a.cast(), layout);
+        Warned.deallocate(b.cast(), layout);
+    }
+}
+
+static FAIL_EVENTS: AtomicU64 = AtomicU64::new(0);
+fn count_fail(event: &BudgetEvent) {
+    assert!(event.refused);
+    FAIL_EVENTS.fetch_add(1, SeqCst);
+}
+
+#[test]
+fn fail_mode_refuses_the_allocation_and_counts_nothing_for_it() {
+    Refused.set_budget(Some(4096), BudgetMode::Fail);
+    Refused::registration().budget().set_hook(count_fail);
+    let mut v: Vec<u8, Refused> = Vec::new_in(Refused);
+    v.try_reserve_exact(4000).expect("fits the budget");
+    let before = Refused.stats();
+    assert!(
+        v.try_reserve_exact(8000).is_err(),
+        "over budget: AllocError"
+    );
+    assert_eq!(FAIL_EVENTS.load(SeqCst), 1);
+    assert!(Refused.allocate(Layout::new::<[u8; 512]>()).is_err());
+    assert_eq!(FAIL_EVENTS.load(SeqCst), 2);
+    let after = Refused.stats();
+    assert_eq!(after.live_granted_bytes, before.live_granted_bytes);
+    assert_eq!(after.live_blocks, before.live_blocks);
+    assert_eq!(after.budget_failures, 2);
+    assert_eq!(after.over_budget, 2);
+    // The old block is intact and still usable.
+    v.extend_from_slice(&[3; 100]);
+    assert_eq!(v[99], 3);
+    Refused.set_budget(None, BudgetMode::Fail);
+    v.try_reserve_exact(8000).expect("no budget any more");
+}
+
+static GROW_EVENTS: AtomicU64 = AtomicU64::new(0);
+fn count_grow(_: &BudgetEvent) {
+    GROW_EVENTS.fetch_add(1, SeqCst);
+}
+
+#[test]
+fn growth_in_warn_mode_calls_the_hook_once_per_crossing_allocation() {
+    Grown.set_budget(Some(10_000), BudgetMode::Warn);
+    Grown::registration().budget().set_hook(count_grow);
+    let mut v: Vec<u8, Grown> = Vec::with_capacity_in(5000, Grown);
+    v.reserve_exact(9000);
+    assert_eq!(GROW_EVENTS.load(SeqCst), 0);
+    v.reserve_exact(20_000);
+    assert_eq!(GROW_EVENTS.load(SeqCst), 1);
+    assert!(Grown.stats().live_granted_bytes >= 20_000);
+}
