@@ -12,6 +12,7 @@
 //! whatever size between requested and granted the caller passes back.
 
 use crate::budget::BudgetEvent;
+use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::Allocation;
 use crate::stats::Counters;
@@ -183,10 +184,17 @@ impl<P: BlockAllocator> Child<P> {
         !refused
     }
 
-    /// Allocates through the parent and counts the block; see
+    /// Allocates through the parent, counts the block and records it; see
     /// [`BlockAllocator::allocate_block`].
     #[inline]
     pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
+        let block = self.allocate_unrecorded(layout)?;
+        records::after_alloc(self.registration, block.ptr, layout, block.size);
+        Some(block)
+    }
+
+    #[inline]
+    fn allocate_unrecorded(&self, layout: Layout) -> Option<Allocation> {
         self.registration.register();
         let block = self.parent.allocate_block(layout)?;
         self.account(block, layout)
@@ -197,7 +205,9 @@ impl<P: BlockAllocator> Child<P> {
     pub fn allocate_zeroed(&self, layout: Layout) -> Option<Allocation> {
         self.registration.register();
         let block = self.parent.allocate_block_zeroed(layout)?;
-        self.account(block, layout)
+        let block = self.account(block, layout)?;
+        records::after_alloc(self.registration, block.ptr, layout, block.size);
+        Some(block)
     }
 
     /// Frees through the parent and uncounts the block; returns its granted size.
@@ -206,6 +216,17 @@ impl<P: BlockAllocator> Child<P> {
     /// As for [`BlockAllocator::deallocate_block`].
     #[inline]
     pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // The record leaves before the block does, so no other thread can have reused
+        // the address and recorded it yet.
+        records::before_free(self.registration, ptr);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate_unrecorded(ptr, layout) }
+    }
+
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`].
+    #[inline]
+    unsafe fn deallocate_unrecorded(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // SAFETY: forwarded from the caller.
         let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
         self.counters()
@@ -213,7 +234,7 @@ impl<P: BlockAllocator> Child<P> {
         granted
     }
 
-    /// Resizes through the parent and recounts the block.
+    /// Resizes through the parent, recounts the block and moves its record.
     ///
     /// While a budget in [`BudgetMode::Fail`](crate::BudgetMode::Fail) is set, growth
     /// allocates a new block (which the budget may refuse, leaving the old one untouched),
@@ -229,15 +250,31 @@ impl<P: BlockAllocator> Child<P> {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)> {
+        let taken = records::before_realloc(self.registration, ptr);
+        // SAFETY: forwarded from the caller.
+        let result = unsafe { self.reallocate_unrecorded(ptr, layout, new_size) };
+        records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
+        result
+    }
+
+    /// # Safety
+    /// As for [`BlockAllocator::reallocate_block`].
+    #[inline]
+    unsafe fn reallocate_unrecorded(
+        &self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<(Allocation, usize)> {
         if new_size > layout.size() && self.registration.budget().enforced() {
             let new_layout = Layout::from_size_align(new_size, layout.align()).ok()?;
-            let new = self.allocate(new_layout)?;
+            let new = self.allocate_unrecorded(new_layout)?;
             // SAFETY: both blocks are live and distinct; the old one holds at least
             // `layout.size()` bytes, the new one more; the old one is then freed once.
             unsafe {
                 ptr.as_ptr()
                     .copy_to_nonoverlapping(new.ptr.as_ptr(), layout.size());
-                let old = self.deallocate(ptr, layout);
+                let old = self.deallocate_unrecorded(ptr, layout);
                 return Some((new, old));
             }
         }

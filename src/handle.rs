@@ -356,7 +356,7 @@ macro_rules! allocator {
                     layout: ::core::alloc::Layout,
                 ) -> usize {
                     // SAFETY: forwarded from the caller.
-                    unsafe { CORE.deallocate(ptr, layout) }
+                    unsafe { CORE.deallocate(&REGISTRATION, ptr, layout) }
                 }
                 #[inline]
                 unsafe fn reallocate_block(
@@ -365,18 +365,8 @@ macro_rules! allocator {
                     layout: ::core::alloc::Layout,
                     new_size: usize,
                 ) -> ::core::option::Option<($crate::schema::Allocation, usize)> {
-                    // SAFETY: forwarded from the caller; the closures are this pool's own
-                    // allocate and free.
-                    unsafe {
-                        $crate::pools::reallocate_in_pool(
-                            CORE.config(),
-                            ptr,
-                            layout,
-                            new_size,
-                            |l| CORE.allocate(&REGISTRATION, l, false),
-                            |p, l| CORE.deallocate(p, l),
-                        )
-                    }
+                    // SAFETY: forwarded from the caller.
+                    unsafe { CORE.reallocate(&REGISTRATION, ptr, layout, new_size) }
                 }
             }
         };
@@ -510,6 +500,17 @@ macro_rules! __handle_common {
                 mode: $crate::BudgetMode,
             ) {
                 Self::registration().set_budget(bytes, mode);
+            }
+
+            /// Sets what this allocator records from now on (see `tagalloc::records`);
+            /// overrides `TAGALLOC_RECORDS`.
+            pub fn set_records(self, mode: $crate::RecordMode) {
+                Self::registration().set_records(mode);
+            }
+
+            /// What this allocator records.
+            pub fn record_mode(self) -> $crate::RecordMode {
+                Self::registration().record_mode()
             }
         }
 

@@ -18,6 +18,7 @@
 //! pool that sum walks every thread's heap, so it is only computed while a budget is set.
 
 use crate::budget::BudgetEvent;
+use crate::records;
 use crate::registry::Registration;
 use crate::schema::{Allocation, PageParent, PoolConfig, PoolSchema, PoolStats, ThreadPoolSchema};
 use crate::stats::AllocatorStats;
@@ -88,9 +89,22 @@ impl<P: PageParent + Send> PoolCore<P> {
         *self.schema.lock().config()
     }
 
-    /// Allocates a block (zeroed if asked), checking the budget of `registration`.
+    /// Allocates a block (zeroed if asked), checking the budget of `registration`, and
+    /// records it if `registration` records.
     #[inline]
     pub fn allocate(
+        &self,
+        registration: &'static Registration,
+        layout: Layout,
+        zeroed: bool,
+    ) -> Option<Allocation> {
+        let block = self.allocate_unrecorded(registration, layout, zeroed)?;
+        records::after_alloc(registration, block.ptr, layout, block.size);
+        Some(block)
+    }
+
+    #[inline]
+    fn allocate_unrecorded(
         &self,
         registration: &'static Registration,
         layout: Layout,
@@ -117,12 +131,55 @@ impl<P: PageParent + Send> PoolCore<P> {
         Some(if zeroed { zero(block) } else { block })
     }
 
-    /// Frees a block; returns its granted (class) size.
+    /// Frees a block (removing its record first); returns its granted (class) size.
     ///
     /// # Safety
     /// As for [`PoolSchema::deallocate`].
     #[inline]
-    pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+    pub unsafe fn deallocate(
+        &self,
+        registration: &'static Registration,
+        ptr: NonNull<u8>,
+        layout: Layout,
+    ) -> usize {
+        records::before_free(registration, ptr);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate_unrecorded(ptr, layout) }
+    }
+
+    /// Resizes a block (see [`reallocate_in_pool`]), moving its record along.
+    ///
+    /// # Safety
+    /// As for [`reallocate_in_pool`].
+    #[inline]
+    pub unsafe fn reallocate(
+        &self,
+        registration: &'static Registration,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<(Allocation, usize)> {
+        let taken = records::before_realloc(registration, ptr);
+        // SAFETY: forwarded from the caller; the closures are this pool's own allocate and
+        // free, without records (the record moves once, here).
+        let result = unsafe {
+            reallocate_in_pool(
+                self.config(),
+                ptr,
+                layout,
+                new_size,
+                |l| self.allocate_unrecorded(registration, l, false),
+                |p, l| self.deallocate_unrecorded(p, l),
+            )
+        };
+        records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
+        result
+    }
+
+    /// # Safety
+    /// As for [`PoolSchema::deallocate`].
+    #[inline]
+    unsafe fn deallocate_unrecorded(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         let schema = self.schema.lock();
         let granted = schema.config().block_size(layout).unwrap_or(0);
         // SAFETY: forwarded from the caller.
@@ -159,9 +216,22 @@ impl<P: PageParent> ThreadPoolCore<P> {
         *self.schema.config()
     }
 
-    /// Allocates a block (zeroed if asked), checking the budget of `registration`.
+    /// Allocates a block (zeroed if asked), checking the budget of `registration`, and
+    /// records it if `registration` records.
     #[inline]
     pub fn allocate(
+        &self,
+        registration: &'static Registration,
+        layout: Layout,
+        zeroed: bool,
+    ) -> Option<Allocation> {
+        let block = self.allocate_unrecorded(registration, layout, zeroed)?;
+        records::after_alloc(registration, block.ptr, layout, block.size);
+        Some(block)
+    }
+
+    #[inline]
+    fn allocate_unrecorded(
         &self,
         registration: &'static Registration,
         layout: Layout,
@@ -181,12 +251,56 @@ impl<P: PageParent> ThreadPoolCore<P> {
         Some(if zeroed { zero(block) } else { block })
     }
 
-    /// Frees a block, from any thread; returns its granted (class) size.
+    /// Frees a block, from any thread (removing its record first); returns its granted
+    /// (class) size.
     ///
     /// # Safety
     /// As for [`ThreadPoolSchema::deallocate`].
     #[inline]
-    pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+    pub unsafe fn deallocate(
+        &self,
+        registration: &'static Registration,
+        ptr: NonNull<u8>,
+        layout: Layout,
+    ) -> usize {
+        records::before_free(registration, ptr);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate_unrecorded(ptr, layout) }
+    }
+
+    /// Resizes a block (see [`reallocate_in_pool`]), moving its record along.
+    ///
+    /// # Safety
+    /// As for [`reallocate_in_pool`].
+    #[inline]
+    pub unsafe fn reallocate(
+        &self,
+        registration: &'static Registration,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<(Allocation, usize)> {
+        let taken = records::before_realloc(registration, ptr);
+        // SAFETY: forwarded from the caller; the closures are this pool's own allocate and
+        // free, without records (the record moves once, here).
+        let result = unsafe {
+            reallocate_in_pool(
+                self.config(),
+                ptr,
+                layout,
+                new_size,
+                |l| self.allocate_unrecorded(registration, l, false),
+                |p, l| self.deallocate_unrecorded(p, l),
+            )
+        };
+        records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
+        result
+    }
+
+    /// # Safety
+    /// As for [`ThreadPoolSchema::deallocate`].
+    #[inline]
+    unsafe fn deallocate_unrecorded(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         let granted = self.schema.config().block_size(layout).unwrap_or(0);
         // SAFETY: forwarded from the caller.
         unsafe { self.schema.deallocate(ptr, layout) };

@@ -13,6 +13,7 @@
 
 use crate::budget::{Budget, BudgetMode};
 use crate::os::OsAllocator;
+use crate::records::{self, RecordMode, RecordSettings};
 use crate::stats::{AllocatorStats, Counters};
 use crate::system::SystemAllocator;
 use core::fmt;
@@ -33,11 +34,13 @@ pub enum AllocatorKind {
     Pool,
     /// A pool with one sub-pool per thread.
     ThreadPool,
+    /// tagalloc's own bookkeeping (the allocation records' heap), on the OS layer.
+    Internal,
 }
 
 impl AllocatorKind {
     /// A lower-case name for reports (`"os"`, `"system"`, `"child"`, `"pool"`,
-    /// `"thread_pool"`).
+    /// `"thread_pool"`, `"internal"`).
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Os => "os",
@@ -45,6 +48,7 @@ impl AllocatorKind {
             Self::Child => "child",
             Self::Pool => "pool",
             Self::ThreadPool => "thread_pool",
+            Self::Internal => "internal",
         }
     }
 }
@@ -70,6 +74,7 @@ pub struct Registration {
     reader: StatsReader,
     counters: Counters,
     budget: Budget,
+    records: RecordSettings,
     next: AtomicPtr<Registration>,
     index: AtomicUsize,
     state: AtomicU8,
@@ -90,6 +95,8 @@ pub static OS: Registration = Registration {
 
 /// The [`SystemAllocator`]'s entry: index 1, always registered; its parent is [`OS`].
 pub static SYSTEM: Registration = Registration {
+    // Its first call reads the environment, so that even that call can be recorded.
+    records: RecordSettings::pending_env(),
     state: AtomicU8::new(REGISTERED),
     index: AtomicUsize::new(1),
     next: AtomicPtr::new(ptr::addr_of!(OS).cast_mut()),
@@ -162,6 +169,7 @@ impl Registration {
             reader,
             counters: Counters::new(),
             budget: Budget::new(),
+            records: RecordSettings::new(),
             next: AtomicPtr::new(ptr::null_mut()),
             index: AtomicUsize::new(usize::MAX),
             state: AtomicU8::new(UNREGISTERED),
@@ -217,6 +225,8 @@ impl Registration {
             }
         }
         self.state.store(REGISTERED, Ordering::Release);
+        // A `TAGALLOC_RECORDS` entry may name this allocator.
+        records::env::on_register(self);
     }
 
     /// Whether this entry is in the registry.
@@ -278,6 +288,46 @@ impl Registration {
     pub fn set_budget(&self, bytes: Option<usize>, mode: BudgetMode) {
         self.budget.set(bytes, mode);
     }
+
+    /// The allocator's record settings (what its allocation and free paths test).
+    #[inline(always)]
+    pub(crate) fn records(&self) -> &RecordSettings {
+        &self.records
+    }
+
+    /// What this allocator records (see [`records`](crate::records)).
+    pub fn record_mode(&self) -> RecordMode {
+        self.records.mode()
+    }
+
+    /// Whether this allocator can keep records: every allocator except the OS layer and
+    /// tagalloc's own bookkeeping.
+    pub fn records_supported(&self) -> bool {
+        !matches!(self.kind, AllocatorKind::Os | AllocatorKind::Internal)
+    }
+
+    /// Sets what this allocator records from now on; overrides `TAGALLOC_RECORDS`
+    /// (the environment is read first, so it never overrides this later). Registers the
+    /// allocator if it was not yet. No effect where records are not supported.
+    pub fn set_records(&'static self, mode: RecordMode) {
+        records::env::ensure_read();
+        self.register();
+        if !self.records_supported() {
+            return;
+        }
+        if mode.is_on() {
+            records::activate();
+        }
+        self.records.set(mode, true);
+    }
+
+    /// Applies a mode from the environment (unless code has set one).
+    pub(crate) fn apply_records_from_env(&self, mode: RecordMode) {
+        if mode.is_on() {
+            records::activate();
+        }
+        self.records.set(mode, false);
+    }
 }
 
 impl fmt::Debug for Registration {
@@ -287,6 +337,7 @@ impl fmt::Debug for Registration {
             .field("kind", &self.kind)
             .field("index", &self.index())
             .field("parent", &self.parent().map(|p| p.name))
+            .field("records", &self.record_mode())
             .finish_non_exhaustive()
     }
 }

@@ -4,6 +4,7 @@
 //! built in a `const` context, so it works from the first allocation before `main` to the
 //! last one during exit, from any thread, with no lazy initialisation.
 
+use crate::records;
 use crate::schema::HphaStats;
 use crate::schema::hpha::size_class::class_for;
 use crate::thread_cache::{self, HEAP};
@@ -93,6 +94,26 @@ impl SystemAllocator {
         unsafe { HEAP.usable_size(ptr, layout) }
     }
 
+    /// Sets what the `SystemAllocator` records from now on (see [`records`](crate::records));
+    /// overrides `TAGALLOC_RECORDS`.
+    ///
+    /// ```
+    /// use tagalloc::{RecordMode, SystemAllocator};
+    ///
+    /// SystemAllocator::new().set_records(RecordMode::sample());
+    /// assert_eq!(SystemAllocator::new().record_mode(), RecordMode::sample());
+    /// SystemAllocator::new().set_records(RecordMode::Off);
+    /// ```
+    pub fn set_records(&self, mode: records::RecordMode) {
+        crate::registry::SYSTEM.set_records(mode);
+    }
+
+    /// What the `SystemAllocator` records (after the environment has been read).
+    pub fn record_mode(&self) -> records::RecordMode {
+        records::env::ensure_read();
+        crate::registry::SYSTEM.record_mode()
+    }
+
     /// Checks the heap's internal invariants (slow: takes every lock).
     pub fn validate(&self) -> Result<(), &'static str> {
         HEAP.validate()
@@ -103,89 +124,139 @@ impl SystemAllocator {
 // unaliased blocks of at least `layout.size()` bytes aligned to `layout.align()`, or null;
 // each free goes back the way its block came (the layout decides, as on allocation);
 // `realloc` keeps contents and alignment. Nothing here unwinds: misuse aborts with a message.
+// With records on (one relaxed load tells), each call takes the recording path, which
+// calls the same plain operation.
 unsafe impl GlobalAlloc for SystemAllocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if let Some(class) = small_fast_class(layout) {
-            return thread_cache::allocate(class);
+        if records::global::alloc_hooked() {
+            // SAFETY: forwarded; `alloc_plain` is this allocation without records.
+            return unsafe { records::global::alloc(layout, alloc_plain) };
         }
-        alloc_any(layout)
+        alloc_plain(layout)
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        match class_for(layout.size(), layout.align()) {
-            Some(class) => {
-                let p = thread_cache::allocate(class);
-                if !p.is_null() {
-                    // SAFETY: the block has at least `layout.size()` bytes.
-                    unsafe { p.write_bytes(0, layout.size()) };
-                }
-                p
-            }
-            None => {
-                thread_cache::apply_environment_once();
-                let grant = HEAP.large_heap().allocate(
-                    layout.size(),
-                    layout.align(),
-                    HEAP.source(),
-                    HEAP.stamp(),
-                );
-                HEAP.after_slow_path();
-                match grant {
-                    // SAFETY: past `dirty_prefix` the block already reads as zero.
-                    Some(g) => unsafe {
-                        g.ptr.write_bytes(0, g.dirty_prefix.min(layout.size()));
-                        g.ptr
-                    },
-                    None => ptr::null_mut(),
-                }
-            }
+        if records::global::alloc_hooked() {
+            // SAFETY: as in `alloc`.
+            return unsafe { records::global::alloc(layout, alloc_zeroed_plain) };
         }
+        alloc_zeroed_plain(layout)
     }
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: GlobalAlloc's contract: `ptr` is a live block from this allocator with
-        // this layout, so it came from the same side the layout selects now.
+        // SAFETY: GlobalAlloc's contract, forwarded.
         unsafe {
-            if let Some(class) = small_fast_class(layout) {
-                return thread_cache::free(ptr, class);
+            if records::global::free_hooked() {
+                return records::global::dealloc(ptr, layout, dealloc_plain);
             }
-            dealloc_any(ptr, layout)
+            dealloc_plain(ptr, layout)
         }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let align = layout.align();
-        match (class_for(layout.size(), align), class_for(new_size, align)) {
-            (Some(a), Some(b)) if a == b => return ptr,
-            (None, None) => {
-                // SAFETY: `ptr` is a live large block allocated with `align`.
-                let resized = unsafe {
-                    HEAP.large_heap()
-                        .resize(ptr, new_size, align, HEAP.source(), HEAP.stamp())
-                };
-                HEAP.after_slow_path();
-                if let Some((p, _)) = resized {
-                    return p;
-                }
+        // SAFETY: GlobalAlloc's contract, forwarded.
+        unsafe {
+            if records::global::free_hooked() {
+                return records::global::realloc(ptr, layout, new_size, realloc_plain);
             }
-            _ => {}
+            realloc_plain(ptr, layout, new_size)
         }
-        // SAFETY: GlobalAlloc's contract makes `new_size` at `align` a valid layout.
-        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, align) };
-        // SAFETY: a valid non-zero layout (`new_size > 0` by the realloc contract).
-        let new = unsafe { self.alloc(new_layout) };
-        if !new.is_null() {
-            // SAFETY: both blocks are live and distinct, each at least as long as copied.
-            unsafe {
-                ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                self.dealloc(ptr, layout);
-            }
-        }
-        new
     }
+}
+
+/// `GlobalAlloc::alloc` without records.
+#[inline(always)]
+fn alloc_plain(layout: Layout) -> *mut u8 {
+    if let Some(class) = small_fast_class(layout) {
+        return thread_cache::allocate(class);
+    }
+    alloc_any(layout)
+}
+
+/// `GlobalAlloc::alloc_zeroed` without records.
+#[inline(always)]
+fn alloc_zeroed_plain(layout: Layout) -> *mut u8 {
+    match class_for(layout.size(), layout.align()) {
+        Some(class) => {
+            let p = thread_cache::allocate(class);
+            if !p.is_null() {
+                // SAFETY: the block has at least `layout.size()` bytes.
+                unsafe { p.write_bytes(0, layout.size()) };
+            }
+            p
+        }
+        None => {
+            thread_cache::apply_environment_once();
+            let grant = HEAP.large_heap().allocate(
+                layout.size(),
+                layout.align(),
+                HEAP.source(),
+                HEAP.stamp(),
+            );
+            HEAP.after_slow_path();
+            match grant {
+                // SAFETY: past `dirty_prefix` the block already reads as zero.
+                Some(g) => unsafe {
+                    g.ptr.write_bytes(0, g.dirty_prefix.min(layout.size()));
+                    g.ptr
+                },
+                None => ptr::null_mut(),
+            }
+        }
+    }
+}
+
+/// `GlobalAlloc::dealloc` without records.
+///
+/// # Safety
+/// GlobalAlloc's contract: `ptr` is a live block from this allocator with this layout, so
+/// it came from the same side the layout selects now.
+#[inline(always)]
+unsafe fn dealloc_plain(ptr: *mut u8, layout: Layout) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if let Some(class) = small_fast_class(layout) {
+            return thread_cache::free(ptr, class);
+        }
+        dealloc_any(ptr, layout)
+    }
+}
+
+/// `GlobalAlloc::realloc` without records.
+///
+/// # Safety
+/// GlobalAlloc's contract for `realloc`.
+unsafe fn realloc_plain(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+    let align = layout.align();
+    match (class_for(layout.size(), align), class_for(new_size, align)) {
+        (Some(a), Some(b)) if a == b => return ptr,
+        (None, None) => {
+            // SAFETY: `ptr` is a live large block allocated with `align`.
+            let resized = unsafe {
+                HEAP.large_heap()
+                    .resize(ptr, new_size, align, HEAP.source(), HEAP.stamp())
+            };
+            HEAP.after_slow_path();
+            if let Some((p, _)) = resized {
+                return p;
+            }
+        }
+        _ => {}
+    }
+    // SAFETY: GlobalAlloc's contract makes `new_size` at `align` a valid layout.
+    let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, align) };
+    let new = alloc_plain(new_layout);
+    if !new.is_null() {
+        // SAFETY: both blocks are live and distinct, each at least as long as copied.
+        unsafe {
+            ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+            dealloc_plain(ptr, layout);
+        }
+    }
+    new
 }
 
 /// The class of the most common requests (≤ 512 bytes, alignment ≤ 8), computed in three

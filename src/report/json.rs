@@ -4,7 +4,7 @@ use super::Snapshot;
 use std::fmt::Write;
 
 /// `text` as a JSON string literal.
-fn string(out: &mut String, text: &str) {
+pub(super) fn string(out: &mut String, text: &str) {
     out.push('"');
     for c in text.chars() {
         match c {
@@ -23,7 +23,7 @@ fn string(out: &mut String, text: &str) {
 }
 
 /// A number, or `null` for `None`.
-fn number<T: std::fmt::Display>(out: &mut String, value: Option<T>) {
+pub(super) fn number<T: std::fmt::Display>(out: &mut String, value: Option<T>) {
     match value {
         Some(v) => {
             let _ = write!(out, "{v}");

@@ -1,4 +1,20 @@
-//! Reports: where the memory is, as a table, a tree, or JSON.
+//! Reports: where the memory is, as a table, a tree, or JSON; and, from the allocation
+//! records, the records dump, call sites, leaks and DHAT profiles.
+//!
+//! | report | function | from |
+//! |---|---|---|
+//! | allocator table (O3DE's `sys_DumpAllocators`) | [`dump_allocators`] | statistics |
+//! | allocator tree | [`tree`] | statistics |
+//! | JSON snapshot of the allocators | [`json`] | statistics |
+//! | records dump (`sys_DumpAllocationRecordsToFile`) | [`dump_records`], [`dump_records_in_range`] | records |
+//! | live memory by call site | [`dump_call_sites`] | records |
+//! | leak report | [`dump_leaks`], and at exit with `TAGALLOC_REPORT` or [`write_report_at_exit`] | records |
+//! | DHAT profile (open in DHAT's `dh_view.html`) | [`dhat_profile`] | records |
+//! | records as JSON | [`records_json`] | records |
+//!
+//! The records reports copy a [`RecordsSnapshot`] first (briefly taking each table lock),
+//! then resolve symbols and format with no lock held; their own allocations are not
+//! recorded.
 //!
 //! Every report starts from a [`Snapshot`]: the registry is walked (lock-free) and each
 //! allocator's figures are copied into plain structs *before* anything is formatted, so
@@ -30,9 +46,15 @@
 //! clamped at zero.
 
 mod csv;
+mod dhat;
+pub(crate) mod exit;
 mod json;
+mod records;
+mod records_json;
 mod tree;
 
+use crate::records::RecordsSnapshot;
+use crate::records::guard::Busy;
 use crate::registry::{self, AllocatorKind, Registration};
 use crate::stats::AllocatorStats;
 use std::io;
@@ -219,4 +241,157 @@ pub fn tree() -> String {
 /// A JSON snapshot of every allocator (see [`Snapshot::to_json`]).
 pub fn json() -> String {
     Snapshot::take().to_json()
+}
+
+// ---- Reports from the allocation records. ----
+
+impl RecordsSnapshot {
+    /// Writes the records dump (O3DE's `sys_DumpAllocationRecordsToFile`): per allocator,
+    /// every live record (or those whose address lies in `range`), with size, alignment,
+    /// requested size, thread, time and frames (resolved if [`resolve`](Self::resolve) ran,
+    /// raw addresses otherwise).
+    pub fn write_dump(
+        &self,
+        out: &mut dyn io::Write,
+        range: Option<(usize, usize)>,
+    ) -> io::Result<()> {
+        let _busy = Busy::enter();
+        records::write_dump(self, out, range)
+    }
+
+    /// Writes live bytes and blocks per allocator and call stack, largest first.
+    pub fn write_call_sites(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        let _busy = Busy::enter();
+        records::write_call_sites(self, out)
+    }
+
+    /// Writes the leak report: everything still live, per allocator, grouped by call site,
+    /// with a few addresses per site.
+    pub fn write_leaks(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        let _busy = Busy::enter();
+        records::write_leaks(self, out)
+    }
+
+    /// The snapshot as a DHAT heap profile, the JSON `dhat-rs` writes: save it as
+    /// `dhat-heap.json` and open it in DHAT's viewer (`dh_view.html`, online at
+    /// <https://nnethercote.github.io/dh_view/dh_view.html>). Resolve first for symbols.
+    pub fn to_dhat_json(&self) -> String {
+        let _busy = Busy::enter();
+        dhat::render(self)
+    }
+
+    /// The snapshot as JSON:
+    ///
+    /// ```json
+    /// {"taken_us": 1234, "dropped": 0, "incomplete": false,
+    ///  "records": [{"allocator": "Textures", "allocator_index": 5, "address": 140000000,
+    ///    "size": 1024, "requested": 1000, "align": 8, "thread": 4242, "time_us": 17,
+    ///    "weight": 1.0, "sampled": false, "stack": 3}, …],
+    ///  "stacks": [{"id": 3, "show": 8, "ips": [94000000, …],
+    ///    "frames": [{"ip": 94000000, "symbols": [{"name": "game::load", "file": "src/main.rs",
+    ///      "line": 12, "column": 5}]}, …]}, …],
+    ///  "sites": [{"allocator": "Textures", "allocator_index": 5, "stack": 3,
+    ///    "live_bytes": 1024.0, "live_blocks": 1.0, "total_bytes": 4096.0, "total_blocks": 4.0,
+    ///    "max_bytes": 2048.0, "max_blocks": 2.0, "lifetimes_us": 80.0, "sampled": false}, …]}
+    /// ```
+    ///
+    /// Only the stacks that records or sites refer to are included.
+    pub fn to_json(&self) -> String {
+        let _busy = Busy::enter();
+        records_json::render(self)
+    }
+}
+
+/// A resolved snapshot of the records, built with the re-entrancy guard set.
+fn resolved_snapshot() -> RecordsSnapshot {
+    let _busy = Busy::enter();
+    let mut snapshot = crate::records::snapshot();
+    snapshot.resolve();
+    snapshot
+}
+
+/// Writes every live allocation record, per allocator, with resolved frames (O3DE's
+/// `sys_DumpAllocationRecordsToFile`); see [`RecordsSnapshot::write_dump`].
+///
+/// ```
+/// use tagalloc::{RecordMode, SystemAllocator};
+///
+/// tagalloc::allocator!(Meshes: child of SystemAllocator, "Mesh data");
+/// Meshes.set_records(RecordMode::Basic);
+/// let mesh = allocator_api2::boxed::Box::new_in([0u8; 100], Meshes);
+///
+/// let mut out = Vec::new();
+/// tagalloc::report::dump_records(&mut out).unwrap();
+/// let text = String::from_utf8(out).unwrap();
+/// assert!(text.contains("Printing allocation records for allocator Meshes (1 records)"));
+/// assert!(text.contains(&format!("Allocation Addr: {:p} Size: 104 Alignment: 1", &*mesh)));
+/// # drop(mesh);
+/// ```
+pub fn dump_records(out: &mut dyn io::Write) -> io::Result<()> {
+    let _busy = Busy::enter();
+    resolved_snapshot().write_dump(out, None)
+}
+
+/// Writes the live records of blocks starting in `[start, end)` (O3DE's
+/// `sys_DumpAllocationRecordsInRange`).
+pub fn dump_records_in_range(start: usize, end: usize, out: &mut dyn io::Write) -> io::Result<()> {
+    let _busy = Busy::enter();
+    resolved_snapshot().write_dump(out, Some((start, end)))
+}
+
+/// Writes live bytes and blocks per allocator and call stack, largest first.
+///
+/// ```
+/// use tagalloc::{RecordMode, SystemAllocator};
+///
+/// tagalloc::allocator!(Sounds: child of SystemAllocator, "Sound banks");
+/// Sounds.set_records(RecordMode::full());
+///
+/// #[inline(never)]
+/// fn load_bank() -> allocator_api2::vec::Vec<u8, Sounds> {
+///     allocator_api2::vec::Vec::with_capacity_in(4096, Sounds)
+/// }
+/// let bank = load_bank();
+///
+/// let mut out = Vec::new();
+/// tagalloc::report::dump_call_sites(&mut out).unwrap();
+/// let text = String::from_utf8(out).unwrap();
+/// assert!(text.contains("Sounds: 4.0 KiB in 1 block at 1 call site"));
+/// assert!(text.contains("load_bank"));
+/// # drop(bank);
+/// ```
+pub fn dump_call_sites(out: &mut dyn io::Write) -> io::Result<()> {
+    let _busy = Busy::enter();
+    resolved_snapshot().write_call_sites(out)
+}
+
+/// Writes the leak report now (what is still live, per allocator, by call site).
+pub fn dump_leaks(out: &mut dyn io::Write) -> io::Result<()> {
+    let _busy = Busy::enter();
+    resolved_snapshot().write_leaks(out)
+}
+
+/// A DHAT heap profile of the records (see [`RecordsSnapshot::to_dhat_json`]).
+pub fn dhat_profile() -> String {
+    let _busy = Busy::enter();
+    resolved_snapshot().to_dhat_json()
+}
+
+/// The live records as JSON (see [`RecordsSnapshot::to_json`]).
+pub fn records_json() -> String {
+    let _busy = Busy::enter();
+    resolved_snapshot().to_json()
+}
+
+/// Writes the exit report (the allocator table and tree, then the leak report) to `path`
+/// when the process exits, as `TAGALLOC_REPORT=<path>` does. May be called more than once
+/// (each path gets a report).
+pub fn write_report_at_exit(path: impl Into<std::path::PathBuf>) -> io::Result<()> {
+    exit::register(path.into())
+}
+
+/// Writes the exit report's contents (allocator table, tree, leak report) now.
+pub fn write_exit_report(out: &mut dyn io::Write) -> io::Result<()> {
+    let _busy = Busy::enter();
+    exit::write_report(out)
 }

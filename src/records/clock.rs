@@ -1,0 +1,105 @@
+//! Record timestamps: a cheap tick counter, turned into microseconds only in reports.
+//!
+//! On x86-64 a tick is a time-stamp-counter cycle (`rdtsc`, a few nanoseconds, no system
+//! call); elsewhere it is a nanosecond of `CLOCK_MONOTONIC`. The ratio of ticks to
+//! nanoseconds is measured between the epoch (when records were first turned on) and the
+//! moment a report is written, so no calibration runs on the allocation path.
+
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+/// The tick counter.
+#[inline]
+pub(crate) fn ticks() -> u64 {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        // SAFETY: `rdtsc` exists on every x86-64 CPU and has no preconditions.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    {
+        monotonic_ns()
+    }
+}
+
+/// Nanoseconds of `CLOCK_MONOTONIC` (a vDSO read: no allocation).
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is writable; the clock id is valid.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+static EPOCH_SET: AtomicBool = AtomicBool::new(false);
+static EPOCH_TICKS: AtomicU64 = AtomicU64::new(0);
+static EPOCH_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Fixes the epoch (time zero of the records) the first time it is called.
+pub(crate) fn start_epoch() {
+    if !EPOCH_SET.load(Acquire) && !EPOCH_SET.swap(true, AcqRel) {
+        EPOCH_NS.store(monotonic_ns(), Relaxed);
+        EPOCH_TICKS.store(ticks(), Release);
+    }
+}
+
+/// Converts ticks into microseconds since the epoch. Built once per report: it may sleep a
+/// few milliseconds when the epoch is too recent to measure the tick rate well.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TickScale {
+    epoch_ticks: u64,
+    ns_per_tick: f64,
+    now_ticks: u64,
+}
+
+impl TickScale {
+    /// Measures the tick rate (reports only).
+    pub(crate) fn measure() -> Self {
+        start_epoch();
+        let epoch_ticks = EPOCH_TICKS.load(Acquire);
+        let epoch_ns = EPOCH_NS.load(Relaxed);
+        if cfg!(not(all(target_arch = "x86_64", not(miri)))) {
+            return Self {
+                epoch_ticks,
+                ns_per_tick: 1.0,
+                now_ticks: ticks(),
+            };
+        }
+        const MIN_SPAN_NS: u64 = 20_000_000;
+        loop {
+            let (t, ns) = (ticks(), monotonic_ns());
+            let span = ns.saturating_sub(epoch_ns);
+            if span >= MIN_SPAN_NS && t > epoch_ticks {
+                return Self {
+                    epoch_ticks,
+                    ns_per_tick: span as f64 / (t - epoch_ticks) as f64,
+                    now_ticks: t,
+                };
+            }
+            std::thread::sleep(core::time::Duration::from_nanos(
+                MIN_SPAN_NS - span.min(MIN_SPAN_NS) + 1000,
+            ));
+        }
+    }
+
+    /// Microseconds from the epoch to `t`.
+    pub(crate) fn us(&self, t: u64) -> u64 {
+        (t.saturating_sub(self.epoch_ticks) as f64 * self.ns_per_tick / 1000.0) as u64
+    }
+
+    /// Microseconds a span of `ticks` lasted.
+    pub(crate) fn span_us(&self, ticks: f64) -> f64 {
+        ticks * self.ns_per_tick / 1000.0
+    }
+
+    /// Microseconds from the epoch to when the scale was measured.
+    pub(crate) fn now_us(&self) -> u64 {
+        self.us(self.now_ticks)
+    }
+
+    /// The tick count when the scale was measured.
+    pub(crate) fn now_ticks(&self) -> u64 {
+        self.now_ticks
+    }
+}

@@ -1,0 +1,78 @@
+//! The `SystemAllocator`'s recording paths, entered from its `GlobalAlloc` methods only when
+//! its settings word asks for it (one relaxed load and a branch on the fast path).
+//!
+//! Each takes the plain operation as a function pointer, so these paths need to know nothing
+//! about how the heap works, and the plain operations do not check the word again.
+
+use super::{after_alloc, after_realloc, before_free, before_realloc};
+use crate::registry::SYSTEM;
+use crate::system::SystemAllocator;
+use core::alloc::Layout;
+use core::ptr::NonNull;
+
+/// Whether an allocation must take the recording path.
+#[inline(always)]
+pub(crate) fn alloc_hooked() -> bool {
+    SYSTEM.records().word() & super::ALLOC_HOOK != 0
+}
+
+/// Whether a free or a realloc must take the recording path.
+#[inline(always)]
+pub(crate) fn free_hooked() -> bool {
+    SYSTEM.records().word() & super::FREE_HOOK != 0
+}
+
+/// Allocates with `plain` and records the block.
+///
+/// # Safety
+/// `GlobalAlloc::alloc`'s contract; `plain` is the matching plain allocation.
+#[inline(never)]
+pub(crate) unsafe fn alloc(layout: Layout, plain: unsafe fn(Layout) -> *mut u8) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    let p = unsafe { plain(layout) };
+    if let Some(ptr) = NonNull::new(p) {
+        // SAFETY: `ptr` was just allocated with `layout`.
+        let granted = unsafe { SystemAllocator::new().usable_size(ptr, layout) };
+        after_alloc(&SYSTEM, ptr, layout, granted);
+    }
+    p
+}
+
+/// Removes the block's record, then frees it with `plain`.
+///
+/// # Safety
+/// `GlobalAlloc::dealloc`'s contract; `plain` is the matching plain free.
+#[inline(never)]
+pub(crate) unsafe fn dealloc(ptr: *mut u8, layout: Layout, plain: unsafe fn(*mut u8, Layout)) {
+    if let Some(p) = NonNull::new(ptr) {
+        before_free(&SYSTEM, p);
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { plain(ptr, layout) }
+}
+
+/// Resizes with `plain`, moving the block's record along.
+///
+/// # Safety
+/// `GlobalAlloc::realloc`'s contract; `plain` is the matching plain realloc.
+#[inline(never)]
+pub(crate) unsafe fn realloc(
+    ptr: *mut u8,
+    layout: Layout,
+    new_size: usize,
+    plain: unsafe fn(*mut u8, Layout, usize) -> *mut u8,
+) -> *mut u8 {
+    let taken = NonNull::new(ptr).and_then(|p| before_realloc(&SYSTEM, p));
+    // SAFETY: forwarded from the caller.
+    let p = unsafe { plain(ptr, layout, new_size) };
+    let new = NonNull::new(p).map(|p| {
+        // SAFETY: `p` is live with `new_size` at the old alignment (realloc's contract).
+        let granted = unsafe {
+            let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
+            SystemAllocator::new().usable_size(p, new_layout)
+        };
+        (p, granted)
+    });
+    after_realloc(taken, new, new_size);
+    p
+}

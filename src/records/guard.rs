@@ -1,0 +1,126 @@
+//! Per-thread state of the recorder: the re-entrancy guard, the thread id and the sampler.
+//!
+//! One `const`-initialised `thread_local!` with no destructor, so reaching it is a plain TLS
+//! access that never allocates and never fails, even while the thread's other TLS
+//! destructors run.
+//!
+//! The guard ("busy") is set while this thread records an allocation or writes a report.
+//! An allocation made while it is set passes unrecorded: that is what keeps the recorder
+//! from recursing into itself, and report code (which allocates freely) out of the records.
+//! Frees are not affected: a free always removes its record, so a record never outlives
+//! its block.
+
+use super::sample::Sampler;
+use core::cell::{Cell, UnsafeCell};
+
+struct ThreadState {
+    busy: Cell<bool>,
+    tid: Cell<u32>,
+    sampler: UnsafeCell<Sampler>,
+}
+
+thread_local! {
+    static STATE: ThreadState = const {
+        ThreadState {
+            busy: Cell::new(false),
+            tid: Cell::new(0),
+            sampler: UnsafeCell::new(Sampler::new()),
+        }
+    };
+}
+
+/// The guard held while this thread records or reports; see the [module docs](self).
+pub(crate) struct Busy {
+    /// Whether this guard set the flag (an inner guard leaves it to the outer one).
+    outer: bool,
+}
+
+impl Busy {
+    /// Sets the guard, or returns `None` if this thread is already busy (a re-entrant call:
+    /// record nothing).
+    #[inline]
+    pub(crate) fn try_enter() -> Option<Busy> {
+        STATE.with(|s| (!s.busy.replace(true)).then(|| Busy { outer: true }))
+    }
+
+    /// Sets the guard for a report, nesting inside another guard if there is one.
+    pub(crate) fn enter() -> Busy {
+        Busy {
+            outer: STATE.with(|s| !s.busy.replace(true)),
+        }
+    }
+}
+
+impl Drop for Busy {
+    #[inline]
+    fn drop(&mut self) {
+        if self.outer {
+            STATE.with(|s| s.busy.set(false));
+        }
+    }
+}
+
+/// Whether this thread is recording or reporting right now.
+pub(crate) fn is_busy() -> bool {
+    STATE.with(|s| s.busy.get())
+}
+
+/// The calling thread's OS id (`gettid` on Linux), read once per thread.
+#[inline]
+pub(crate) fn thread_id() -> u32 {
+    STATE.with(|s| {
+        let id = s.tid.get();
+        if id != 0 {
+            return id;
+        }
+        let id = os_thread_id();
+        s.tid.set(id);
+        id
+    })
+}
+
+#[cfg(all(target_os = "linux", not(miri)))]
+fn os_thread_id() -> u32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let id = unsafe { libc::syscall(libc::SYS_gettid) };
+    (id as u32).max(1)
+}
+
+#[cfg(any(not(target_os = "linux"), miri))]
+fn os_thread_id() -> u32 {
+    use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_add(1, Relaxed)
+}
+
+/// Runs `f` on this thread's sampler.
+#[inline]
+pub(crate) fn with_sampler<R>(f: impl FnOnce(&mut Sampler) -> R) -> R {
+    // SAFETY: only this thread touches its sampler, and `f` (the sampler's own arithmetic)
+    // calls nothing that could come back here, so the reference is unique while it lives.
+    STATE.with(|s| f(unsafe { &mut *s.sampler.get() }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_refuses_reentry_and_nests_for_reports() {
+        assert!(!is_busy());
+        let outer = Busy::try_enter().expect("not busy yet");
+        assert!(is_busy());
+        assert!(Busy::try_enter().is_none());
+        {
+            let _inner = Busy::enter();
+        }
+        assert!(is_busy(), "an inner guard leaves the flag to the outer one");
+        drop(outer);
+        assert!(!is_busy());
+        let t = thread_id();
+        assert_ne!(t, 0);
+        assert_eq!(t, thread_id());
+        let other = std::thread::spawn(thread_id).join().unwrap();
+        assert_ne!(other, t);
+    }
+}

@@ -1,0 +1,337 @@
+//! Allocation records: what each allocator has handed out, with sizes, threads, times and
+//! call stacks, for the records dump, call-site summaries, leak reports and DHAT profiles.
+//!
+//! This is O3DE's `AllocationRecords`, per allocator: every registered allocator (the
+//! [`SystemAllocator`](crate::SystemAllocator) and each handle declared with
+//! [`allocator!`](crate::allocator)) has a [`RecordMode`]:
+//!
+//! | mode | records | cost (see `benches/records.rs`) |
+//! |---|---|---|
+//! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch per call |
+//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a table insert and remove per block |
+//! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk per allocation |
+//! | [`Sample`](RecordMode::Sample) | one block per N bytes on average, weighted; with stacks | a thread-local countdown per allocation, a filter load per free |
+//!
+//! Set a mode in code, on a handle (`Renderer.set_records(RecordMode::full())`) or on the
+//! `SystemAllocator` (`GLOBAL.set_records(..)`), or at start-up with the environment:
+//!
+//! ```text
+//! TAGALLOC_RECORDS="Script Canvas=full,SystemAllocator=sample:512KiB"
+//! TAGALLOC_REPORT=/tmp/memory-at-exit.txt
+//! ```
+//!
+//! (the syntax is in [`config`]). Reports read a [`RecordsSnapshot`]: see
+//! [`report`](crate::report) for the records dump, the call-site summary, the leak report,
+//! the DHAT profile and the JSON dump.
+//!
+//! ```
+//! use allocator_api2::vec::Vec;
+//! use tagalloc::SystemAllocator;
+//! use tagalloc::records::{self, RecordMode};
+//!
+//! tagalloc::allocator!(pub Textures: child of SystemAllocator, "Texture data");
+//! Textures.set_records(RecordMode::full());
+//!
+//! let mut pixels: Vec<u32, Textures> = Vec::with_capacity_in(256, Textures);
+//! pixels.push(0xff00ff);
+//!
+//! let snapshot = records::snapshot();
+//! let mine: std::vec::Vec<_> = snapshot.records_of("Textures").collect();
+//! assert_eq!(mine.len(), 1);
+//! assert_eq!(mine[0].requested, 1024);
+//! assert_eq!(mine[0].address, pixels.as_ptr() as usize);
+//! assert!(snapshot.stack(mine[0].stack).is_some_and(|s| !s.ips.is_empty()));
+//! drop(pixels);
+//! assert_eq!(records::snapshot().records_of("Textures").count(), 0);
+//! ```
+//!
+//! # How recording stays safe inside an allocator
+//!
+//! - **No recursion.** Records, stacks and snapshots live on the records' own HPHA heap
+//!   on the OS layer (shown as `AllocationRecords` in the allocator table), never on the
+//!   global allocator. Stacks are captured with the platform unwinder, which does not
+//!   allocate through Rust's allocator, and resolved to symbols only when a report is
+//!   written. A per-thread guard lets any allocation made while the thread records or
+//!   reports pass unrecorded.
+//! - **No deadlock.** The table's locks are allocation-free spin locks that are never held
+//!   across a call that could allocate through the global allocator; reports copy a
+//!   snapshot under the locks (into the records' heap) and resolve and format after
+//!   releasing them. `fork()` handlers take and release every records lock.
+//! - **No unwinding.** Nothing on the recording path panics; when the records' heap runs
+//!   out of memory a record is dropped and counted ([`RecordsSnapshot::dropped`]).
+//! - **Exact.** A block's record is added after the block is allocated and removed before
+//!   it is freed, so under any interleaving of threads the live records are exactly the
+//!   live recorded blocks. Blocks allocated before recording was turned on have no
+//!   record; their frees simply miss the table. A realloc moves and resizes the record
+//!   (keeping its stack, thread and time); it never starts one.
+//! - **Turning records off** stops new records at once; frees keep looking their blocks up
+//!   so that the records made while on leave exactly.
+
+mod clock;
+pub mod config;
+pub(crate) mod env;
+pub(crate) mod global;
+pub(crate) mod guard;
+mod heap;
+mod mode;
+mod sample;
+mod snapshot;
+mod stack;
+mod table;
+
+pub use mode::{RecordMode, RecordSettings};
+pub use sample::{sample_probability, sample_weight};
+pub use snapshot::{CallSite, Frame, Record, RecordsSnapshot, StackInfo, Symbol, snapshot};
+
+use crate::registry::{self, Registration};
+use core::alloc::Layout;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, Ordering::*};
+use mode::{ALLOC_HOOK, FREE_HOOK, KIND_BASIC, KIND_FULL, KIND_MASK, KIND_SAMPLE, PENDING_ENV};
+use mode::{TRACK_ALL, TRACK_SAMPLED};
+use table::{Key, Rec};
+
+/// Sets the record mode of every registered allocator whose name or description is `name`
+/// (ignoring ASCII case, as O3DE's console does); returns how many matched.
+///
+/// Allocators register on first use, so one that has not been used yet is not found:
+/// set those through their handle, or with `TAGALLOC_RECORDS`.
+///
+/// ```
+/// use tagalloc::records::{self, RecordMode};
+///
+/// assert_eq!(records::set_by_name("systemallocator", RecordMode::Off), 1);
+/// assert_eq!(records::set_by_name("No such allocator", RecordMode::Basic), 0);
+/// ```
+pub fn set_by_name(name: &str, mode: RecordMode) -> usize {
+    let mut n = 0;
+    for entry in registry::allocators() {
+        if entry.name().eq_ignore_ascii_case(name) || entry.description().eq_ignore_ascii_case(name)
+        {
+            entry.set_records(mode);
+            n += usize::from(entry.records_supported());
+        }
+    }
+    n
+}
+
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// Prepares what records need, the first time any allocator turns them on: the clock's
+/// epoch, the registry entry of the records' heap, and the `fork()` handlers.
+pub(crate) fn activate() {
+    if ACTIVE.load(Acquire) || ACTIVE.swap(true, AcqRel) {
+        return;
+    }
+    clock::start_epoch();
+    heap::REGISTRATION.register();
+    // SAFETY: the handlers are plain functions that only take and release locks.
+    let rc = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    if rc != 0 {
+        crate::fatal::write_stderr(
+            b"tagalloc: pthread_atfork failed; a fork() during recording may deadlock the child\n",
+        );
+    }
+}
+
+unsafe extern "C" fn before_fork() {
+    // SAFETY: released by `after_fork`; the order (table, stacks, heap) is the only order in
+    // which these locks are ever nested.
+    unsafe {
+        table::lock_all();
+        stack::lock();
+        heap::RECORDS_HEAP.small_heap().lock_all();
+        heap::RECORDS_HEAP.large_heap().lock_all();
+    }
+}
+
+unsafe extern "C" fn after_fork() {
+    // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the child).
+    unsafe {
+        heap::RECORDS_HEAP.large_heap().unlock_all();
+        heap::RECORDS_HEAP.small_heap().unlock_all();
+        stack::unlock();
+        table::unlock_all();
+    }
+}
+
+// ---- Hooks, called by the allocators. Each is one load and one branch while off. ----
+
+/// After an allocation of `granted` bytes at `ptr` for `layout`: records it if the
+/// allocator records.
+#[inline(always)]
+pub(crate) fn after_alloc(
+    reg: &'static Registration,
+    ptr: NonNull<u8>,
+    layout: Layout,
+    granted: usize,
+) {
+    let word = reg.records().word();
+    if word & ALLOC_HOOK != 0 {
+        record(reg, word, ptr.as_ptr() as usize, layout, granted);
+    }
+}
+
+/// Before `ptr` is freed: removes its record.
+#[inline(always)]
+pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
+    let word = reg.records().word();
+    if word & FREE_HOOK != 0 {
+        forget(reg, word, ptr.as_ptr() as usize);
+    }
+}
+
+/// A record taken out of the table while its block is being resized.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    key: Key,
+    rec: Rec,
+}
+
+/// Before `ptr` is resized: takes its record out (see [`after_realloc`]).
+#[inline(always)]
+pub(crate) fn before_realloc(reg: &'static Registration, ptr: NonNull<u8>) -> Option<Taken> {
+    let word = reg.records().word();
+    if word & FREE_HOOK != 0 {
+        take(reg, word, ptr.as_ptr() as usize)
+    } else {
+        None
+    }
+}
+
+/// After a resize: puts the record back at the block's new address and size (`new` is
+/// the block and its granted size, `None` if the resize failed and the old block stays).
+#[inline(always)]
+pub(crate) fn after_realloc(
+    taken: Option<Taken>,
+    new: Option<(NonNull<u8>, usize)>,
+    new_size: usize,
+) {
+    if let Some(taken) = taken {
+        put_back(taken, new, new_size);
+    }
+}
+
+/// Reads the environment if this is the `SystemAllocator`'s first call; returns the word
+/// to act on.
+#[cold]
+fn settle_env(reg: &'static Registration) -> u64 {
+    env::ensure_read();
+    let word = reg.records().word();
+    if word & PENDING_ENV != 0 {
+        // The environment is being read by this very thread (re-entered): act as off.
+        word & !(ALLOC_HOOK | FREE_HOOK)
+    } else {
+        word
+    }
+}
+
+#[inline(never)]
+fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout, granted: usize) {
+    if word & PENDING_ENV != 0 {
+        word = settle_env(reg);
+    }
+    let kind = word & KIND_MASK;
+    if kind == 0 {
+        return;
+    }
+    let Some(_busy) = guard::Busy::try_enter() else {
+        return; // an allocation made while recording or reporting
+    };
+    let Some(index) = reg.index() else {
+        return;
+    };
+    let marker = 0u8;
+    let boundary = core::hint::black_box(core::ptr::addr_of!(marker)) as usize;
+    let frames = (word >> 8) as u8;
+    let (weight, sampled, frames) = match kind {
+        KIND_BASIC => (1.0, false, 0),
+        KIND_FULL => (1.0, false, frames),
+        KIND_SAMPLE => {
+            let interval = word >> 16;
+            let seed = || clock::ticks() ^ (u64::from(guard::thread_id()) << 32) ^ addr as u64;
+            match guard::with_sampler(|s| s.charge(interval, granted, seed)) {
+                Some(weight) => (weight, true, frames),
+                None => return,
+            }
+        }
+        _ => return,
+    };
+    let stack = if frames > 0 {
+        let captured = stack::capture(frames, boundary);
+        stack::intern(&captured.ips[..captured.len], frames)
+    } else {
+        0
+    };
+    table::insert(
+        Key {
+            addr,
+            alloc: index as u32,
+        },
+        Rec {
+            size: granted,
+            requested: layout.size(),
+            time: clock::ticks(),
+            weight,
+            thread: guard::thread_id(),
+            stack,
+            align_log2: layout.align().trailing_zeros() as u8,
+            sampled,
+        },
+    );
+}
+
+/// Whether a free in an allocator with settings `word` must look `addr` up.
+#[inline]
+fn must_look_up(word: u64, addr: usize) -> bool {
+    word & TRACK_ALL != 0 || (word & TRACK_SAMPLED != 0 && table::maybe_sampled(addr))
+}
+
+#[inline(never)]
+fn forget(reg: &'static Registration, mut word: u64, addr: usize) {
+    if word & PENDING_ENV != 0 {
+        word = settle_env(reg);
+    }
+    if !must_look_up(word, addr) {
+        return;
+    }
+    if let Some(index) = reg.index() {
+        let key = Key {
+            addr,
+            alloc: index as u32,
+        };
+        table::remove(key, clock::ticks);
+    }
+}
+
+#[inline(never)]
+fn take(reg: &'static Registration, mut word: u64, addr: usize) -> Option<Taken> {
+    if word & PENDING_ENV != 0 {
+        word = settle_env(reg);
+    }
+    if !must_look_up(word, addr) {
+        return None;
+    }
+    let key = Key {
+        addr,
+        alloc: reg.index()? as u32,
+    };
+    table::take(key).map(|rec| Taken { key, rec })
+}
+
+#[inline(never)]
+fn put_back(taken: Taken, new: Option<(NonNull<u8>, usize)>, new_size: usize) {
+    let Taken { mut key, mut rec } = taken;
+    let old_size = rec.size;
+    if let Some((ptr, granted)) = new {
+        key.addr = ptr.as_ptr() as usize;
+        rec.size = granted;
+        rec.requested = new_size;
+    }
+    table::put_resized(key, rec, old_size);
+}
+
+/// Live records in the whole table (all allocators).
+pub fn live_records() -> usize {
+    table::live_records()
+}

@@ -1,0 +1,491 @@
+//! The record table: every live record, keyed by (address, allocator), in 64 shards.
+//!
+//! Each shard is a `hashbrown` map behind an allocation-free [`SpinLock`], on a cache line
+//! of its own; the shard is chosen by a hash of the address, so threads recording unrelated
+//! blocks rarely meet on a lock. The maps allocate from the records' own heap
+//! ([`Internal`]), never from the global allocator, and only with `try_reserve`: when that
+//! heap is out of memory a record is dropped (and counted), the program goes on.
+//!
+//! Each shard also keeps per-call-site totals for the records it saw (bytes and blocks
+//! allocated, live, the most live at once, lifetimes of freed blocks), updated under the
+//! same lock, so the DHAT profile has totals for blocks that are long gone.
+//!
+//! A sampled record also bumps a counter in [`FILTER`], indexed by a hash of its address.
+//! A free in an allocator that only samples checks that counter first and skips the table
+//! when it is zero, which it is for nearly every block.
+//!
+//! No lock here is ever held while calling anything that could allocate through the global
+//! allocator, so recording cannot deadlock with the allocator it records.
+
+use super::heap::Internal;
+use crate::sync::SpinLock;
+use allocator_api2::vec::Vec as IVec;
+use core::hash::{BuildHasher, Hasher};
+use core::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
+use hashbrown::HashMap;
+
+const SHARDS: usize = 64;
+
+/// A record's key: the block's address in one allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub(crate) addr: usize,
+    /// The allocator's registry index.
+    pub(crate) alloc: u32,
+}
+
+/// One live record.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rec {
+    /// Granted bytes.
+    pub(crate) size: usize,
+    /// Requested bytes.
+    pub(crate) requested: usize,
+    /// Tick count at allocation.
+    pub(crate) time: u64,
+    /// Blocks this record stands for (1 unless sampled).
+    pub(crate) weight: f64,
+    pub(crate) thread: u32,
+    /// Call-stack id (0: none).
+    pub(crate) stack: u32,
+    pub(crate) align_log2: u8,
+    pub(crate) sampled: bool,
+}
+
+/// Totals for one call site (allocator and stack), in weighted blocks and bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct SiteStats {
+    pub(crate) total_bytes: f64,
+    pub(crate) total_blocks: f64,
+    pub(crate) live_bytes: f64,
+    pub(crate) live_blocks: f64,
+    pub(crate) max_bytes: f64,
+    pub(crate) max_blocks: f64,
+    /// Summed lifetimes of the freed blocks, in ticks (weighted).
+    pub(crate) freed_lifetime_ticks: f64,
+}
+
+impl SiteStats {
+    fn allocated(&mut self, rec: &Rec) {
+        let bytes = rec.weight * rec.size as f64;
+        self.total_bytes += bytes;
+        self.total_blocks += rec.weight;
+        self.live_bytes += bytes;
+        self.live_blocks += rec.weight;
+        if self.live_bytes >= self.max_bytes {
+            self.max_bytes = self.live_bytes;
+            self.max_blocks = self.live_blocks;
+        }
+    }
+
+    fn freed(&mut self, rec: &Rec, now: u64) {
+        self.live_bytes -= rec.weight * rec.size as f64;
+        self.live_blocks -= rec.weight;
+        self.freed_lifetime_ticks += rec.weight * now.saturating_sub(rec.time) as f64;
+    }
+
+    fn resized(&mut self, rec: &Rec, old_size: usize) {
+        let delta = rec.weight * (rec.size as f64 - old_size as f64);
+        if delta > 0.0 {
+            self.total_bytes += delta;
+        }
+        self.live_bytes += delta;
+        if self.live_bytes >= self.max_bytes {
+            self.max_bytes = self.live_bytes;
+            self.max_blocks = self.live_blocks;
+        }
+    }
+
+    /// Adds another shard's totals (maxima add up to an upper bound of the true maximum).
+    pub(crate) fn merge(&mut self, other: &SiteStats) {
+        self.total_bytes += other.total_bytes;
+        self.total_blocks += other.total_blocks;
+        self.live_bytes += other.live_bytes;
+        self.live_blocks += other.live_blocks;
+        self.max_bytes += other.max_bytes;
+        self.max_blocks += other.max_blocks;
+        self.freed_lifetime_ticks += other.freed_lifetime_ticks;
+    }
+}
+
+/// The site of a record: allocator index and stack id in one word.
+#[inline]
+pub(crate) fn site_key(alloc: u32, stack: u32) -> u64 {
+    (u64::from(alloc) << 32) | u64::from(stack)
+}
+
+/// Multiply-fold mixing (the 128-bit product's halves xored): fast, and good in both
+/// the high bits (hashbrown's tags) and the low bits (its bucket index).
+#[inline(always)]
+fn fold(x: u64, k: u64) -> u64 {
+    let p = u128::from(x) * u128::from(k);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// The tables' hasher: [`fold`] over the written words.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FoldHasher(u64);
+
+impl Hasher for FoldHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        self.0 = fold(self.0 ^ x, 0x9E37_79B9_7F4A_7C15);
+    }
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    #[inline]
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+}
+
+/// Builds [`FoldHasher`]s.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BuildFold;
+
+impl BuildHasher for BuildFold {
+    type Hasher = FoldHasher;
+    #[inline]
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(0x243F_6A88_85A3_08D3)
+    }
+}
+
+pub(crate) struct Shard {
+    records: HashMap<Key, Rec, BuildFold, Internal>,
+    sites: HashMap<u64, SiteStats, BuildFold, Internal>,
+}
+
+impl Shard {
+    const fn new() -> Self {
+        Self {
+            records: HashMap::with_hasher_in(BuildFold, Internal),
+            sites: HashMap::with_hasher_in(BuildFold, Internal),
+        }
+    }
+
+    #[inline]
+    fn site(&mut self, key: u64) -> Option<&mut SiteStats> {
+        if self.sites.try_reserve(1).is_err() {
+            return None;
+        }
+        Some(self.sites.entry(key).or_default())
+    }
+}
+
+#[repr(align(128))]
+struct Padded(SpinLock<Shard>);
+
+static TABLE: [Padded; SHARDS] = [const { Padded(SpinLock::new(Shard::new())) }; SHARDS];
+
+/// Records dropped because the records' heap was out of memory.
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Counters of sampled records by address hash; 255 sticks (never decremented again).
+static FILTER: [AtomicU8; 1 << 16] = [const { AtomicU8::new(0) }; 1 << 16];
+
+#[inline]
+fn shard_of(key: &Key) -> &'static SpinLock<Shard> {
+    let h = fold(
+        key.addr as u64 ^ u64::from(key.alloc).rotate_right(8),
+        0xD6E8_FEB8_6659_FD93,
+    );
+    &TABLE[(h >> 32) as usize % SHARDS].0
+}
+
+#[inline]
+fn filter_slot(addr: usize) -> &'static AtomicU8 {
+    &FILTER[(fold(addr as u64, 0xA076_1D64_78BD_642F) >> 48) as usize]
+}
+
+/// Whether a sampled record may exist for a block at `addr` (false: certainly not).
+#[inline]
+pub(crate) fn maybe_sampled(addr: usize) -> bool {
+    filter_slot(addr).load(Relaxed) != 0
+}
+
+fn filter_add(addr: usize) {
+    let _ = filter_slot(addr).fetch_update(Relaxed, Relaxed, |n| n.checked_add(1));
+}
+
+fn filter_remove(addr: usize) {
+    let _ = filter_slot(addr).fetch_update(Relaxed, Relaxed, |n| (n != u8::MAX).then(|| n - 1));
+}
+
+/// Adds a record for a new block. A stale record at the same key (a free that was not
+/// seen) is counted as freed now and replaced.
+pub(crate) fn insert(key: Key, rec: Rec) {
+    if rec.sampled {
+        filter_add(key.addr);
+    }
+    let mut guard = shard_of(&key).lock();
+    let shard = &mut *guard;
+    if shard.records.try_reserve(1).is_err() {
+        drop(guard);
+        if rec.sampled {
+            filter_remove(key.addr);
+        }
+        DROPPED.fetch_add(1, Relaxed);
+        return;
+    }
+    let stale = shard.records.insert(key, rec);
+    if let Some(old) = stale {
+        if let Some(site) = shard.site(site_key(key.alloc, old.stack)) {
+            site.freed(&old, rec.time);
+        }
+    }
+    if let Some(site) = shard.site(site_key(key.alloc, rec.stack)) {
+        site.allocated(&rec);
+    }
+    drop(guard);
+    if let Some(old) = stale {
+        if old.sampled {
+            filter_remove(key.addr);
+        }
+    }
+}
+
+/// Removes the record of a freed block, if there is one; `now` is the tick count.
+#[inline]
+pub(crate) fn remove(key: Key, now: impl FnOnce() -> u64) -> Option<Rec> {
+    let mut guard = shard_of(&key).lock();
+    let shard = &mut *guard;
+    let rec = shard.records.remove(&key)?;
+    let now = now();
+    if let Some(site) = shard.site(site_key(key.alloc, rec.stack)) {
+        site.freed(&rec, now);
+    }
+    drop(guard);
+    if rec.sampled {
+        filter_remove(key.addr);
+    }
+    Some(rec)
+}
+
+/// Takes a record out for a realloc, without counting a free (see [`put_resized`]).
+pub(crate) fn take(key: Key) -> Option<Rec> {
+    let rec = shard_of(&key).lock().records.remove(&key)?;
+    if rec.sampled {
+        filter_remove(key.addr);
+    }
+    Some(rec)
+}
+
+/// Puts back a record taken with [`take`], at its block's new key and size
+/// (`old_size` is the granted size it had), counting the change in its site.
+pub(crate) fn put_resized(key: Key, rec: Rec, old_size: usize) {
+    if rec.sampled {
+        filter_add(key.addr);
+    }
+    let mut guard = shard_of(&key).lock();
+    let shard = &mut *guard;
+    if shard.records.try_reserve(1).is_err() {
+        drop(guard);
+        if rec.sampled {
+            filter_remove(key.addr);
+        }
+        DROPPED.fetch_add(1, Relaxed);
+        return;
+    }
+    shard.records.insert(key, rec);
+    if let Some(site) = shard.site(site_key(key.alloc, rec.stack)) {
+        site.resized(&rec, old_size);
+    }
+}
+
+/// Records dropped so far for lack of memory.
+pub(crate) fn dropped() -> u64 {
+    DROPPED.load(Relaxed)
+}
+
+/// A copy of the table, made shard by shard into the records' own heap (no global
+/// allocation under a lock).
+pub(crate) struct Copy {
+    pub(crate) records: IVec<(Key, Rec), Internal>,
+    pub(crate) sites: HashMap<u64, SiteStats, BuildFold, Internal>,
+    /// Set if the records' heap ran out of memory while copying.
+    pub(crate) incomplete: bool,
+}
+
+/// Copies every record and site total.
+pub(crate) fn copy() -> Copy {
+    let mut out = Copy {
+        records: IVec::new_in(Internal),
+        sites: HashMap::with_hasher_in(BuildFold, Internal),
+        incomplete: false,
+    };
+    for padded in &TABLE {
+        let shard = padded.0.lock();
+        if out.records.try_reserve(shard.records.len()).is_err()
+            || out.sites.try_reserve(shard.sites.len()).is_err()
+        {
+            out.incomplete = true;
+            continue;
+        }
+        out.records
+            .extend(shard.records.iter().map(|(k, r)| (*k, *r)));
+        for (k, s) in &shard.sites {
+            out.sites.entry(*k).or_default().merge(s);
+        }
+    }
+    out
+}
+
+/// Counts the live records (for tests and summaries).
+pub(crate) fn live_records() -> usize {
+    TABLE.iter().map(|p| p.0.lock().records.len()).sum()
+}
+
+/// Takes every shard lock (before `fork`).
+///
+/// # Safety
+/// Must be paired with [`unlock_all`] on the same thread, with no shard guard alive.
+pub(crate) unsafe fn lock_all() {
+    for padded in &TABLE {
+        // SAFETY: forwarded; released by `unlock_all`.
+        unsafe { padded.0.lock_raw() };
+    }
+}
+
+/// Releases the locks taken by [`lock_all`] (after `fork`, in parent and child).
+///
+/// # Safety
+/// Only after `lock_all`, with no shard guard alive.
+pub(crate) unsafe fn unlock_all() {
+    for padded in &TABLE {
+        // SAFETY: forwarded from the caller.
+        unsafe { padded.0.force_unlock() };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(size: usize, weight: f64, stack: u32, time: u64) -> Rec {
+        Rec {
+            size,
+            requested: size,
+            time,
+            weight,
+            thread: 1,
+            stack,
+            align_log2: 3,
+            sampled: weight != 1.0,
+        }
+    }
+
+    #[test]
+    fn site_totals_follow_allocations_frees_and_resizes() {
+        let mut s = SiteStats::default();
+        let a = rec(100, 1.0, 1, 10);
+        let b = rec(50, 1.0, 1, 20);
+        s.allocated(&a);
+        s.allocated(&b);
+        s.freed(&a, 110);
+        let mut b2 = b;
+        b2.size = 80;
+        s.resized(&b2, 50);
+        assert_eq!(s.total_bytes, 180.0);
+        assert_eq!(s.total_blocks, 2.0);
+        assert_eq!(s.live_bytes, 80.0);
+        assert_eq!(s.live_blocks, 1.0);
+        assert_eq!((s.max_bytes, s.max_blocks), (150.0, 2.0));
+        assert_eq!(s.freed_lifetime_ticks, 100.0);
+        let sampled = rec(10, 40.0, 1, 0);
+        s.allocated(&sampled);
+        assert_eq!(s.total_bytes, 580.0);
+        assert_eq!(s.total_blocks, 42.0);
+    }
+
+    #[test]
+    fn hashes_spread_aligned_addresses_over_shards_and_filter_slots() {
+        let mut shards = [0usize; SHARDS];
+        for i in 0..SHARDS * 64 {
+            let key = Key {
+                addr: 0x7f00_0000_0000 + i * 64,
+                alloc: 1,
+            };
+            let s = shard_of(&key) as *const _ as usize;
+            let index = TABLE
+                .iter()
+                .position(|p| &p.0 as *const _ as usize == s)
+                .unwrap();
+            shards[index] += 1;
+        }
+        assert!(shards.iter().all(|&n| n > 16), "{shards:?}");
+        let slots: std::collections::HashSet<_> = (0..4096)
+            .map(|i| filter_slot(0x5500_0000_0000 + i * 16) as *const _ as usize)
+            .collect();
+        assert!(slots.len() > 3500, "{}", slots.len());
+    }
+
+    #[test]
+    fn the_filter_counts_and_saturates() {
+        let addr = 0x1234_5670;
+        let before = filter_slot(addr).load(Relaxed);
+        filter_add(addr);
+        assert!(maybe_sampled(addr));
+        filter_remove(addr);
+        assert_eq!(filter_slot(addr).load(Relaxed), before);
+        let addr = 0x9999_0000_1230;
+        for _ in 0..300 {
+            filter_add(addr);
+        }
+        filter_remove(addr);
+        assert_eq!(filter_slot(addr).load(Relaxed), u8::MAX);
+    }
+
+    #[test]
+    fn insert_remove_take_and_put_keep_the_table_exact() {
+        // Allocator index far above any real one, so other tests' records never collide.
+        let alloc = 0xFFFF_0001;
+        let k = |addr| Key { addr, alloc };
+        insert(k(0x1000), rec(64, 1.0, 7, 5));
+        insert(k(0x2000), rec(32, 1.0, 7, 6));
+        // A stale record at the same key is replaced.
+        insert(k(0x2000), rec(48, 1.0, 7, 9));
+        let moved = take(k(0x1000)).unwrap();
+        let mut grown = moved;
+        grown.size = 128;
+        put_resized(k(0x3000), grown, moved.size);
+        assert!(remove(k(0x1000), || 0).is_none());
+        let copy = copy();
+        let mine: Vec<_> = copy
+            .records
+            .iter()
+            .filter(|(key, _)| key.alloc == alloc)
+            .map(|(key, r)| (key.addr, r.size))
+            .collect();
+        let mut mine = mine;
+        mine.sort();
+        assert_eq!(mine, [(0x2000, 48), (0x3000, 128)]);
+        let site = copy.sites[&site_key(alloc, 7)];
+        assert_eq!(site.live_bytes, 176.0);
+        assert_eq!(site.live_blocks, 2.0);
+        assert_eq!(site.total_blocks, 3.0);
+        assert!(remove(k(0x2000), || 10).is_some());
+        assert!(remove(k(0x3000), || 10).is_some());
+        assert_eq!(
+            copy_site(alloc, 7).map(|s| (s.live_bytes, s.live_blocks)),
+            Some((0.0, 0.0))
+        );
+    }
+
+    fn copy_site(alloc: u32, stack: u32) -> Option<SiteStats> {
+        copy().sites.get(&site_key(alloc, stack)).copied()
+    }
+}

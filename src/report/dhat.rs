@@ -1,0 +1,117 @@
+//! The records as a DHAT heap profile: the JSON format `dhat-rs` writes (DHAT file version
+//! 2), which DHAT's viewer (`dh_view.html`) loads.
+//!
+//! One program point per call site (allocator and stack): `tb`/`tbk` (bytes and blocks
+//! allocated), `tl` (summed lifetimes, µs), `mb`/`mbk` (the most live at once), `gb`/`gbk`
+//! (at the global peak), `eb`/`ebk` (at the end, i.e. when the profile was taken) and
+//! `fs`, the frames (indices into `ftbl`, innermost first). The outermost frame of every
+//! program point names its allocator, so the viewer's tree splits by allocator first.
+//!
+//! What differs from `dhat-rs`: tagalloc does not stop the world to find the global peak,
+//! so `tg` is the end time and `gb`/`gbk` equal `eb`/`ebk`; `mb`/`mbk` are an upper bound
+//! (see [`CallSite::max_bytes`](crate::records::CallSite::max_bytes)); sampled sites carry
+//! estimates (weighted totals, rounded).
+
+use super::json::string;
+use crate::records::RecordsSnapshot;
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// One `ftbl` entry per symbol, in dhat-rs's style: `0x…: name (file:line:column)`.
+fn frame_text(
+    ip: usize,
+    name: &str,
+    file: Option<&str>,
+    line: Option<u32>,
+    col: Option<u32>,
+) -> String {
+    let file = file
+        .map(|f| f.rsplit(['/', '\\']).next().unwrap_or(f))
+        .unwrap_or("???");
+    format!(
+        "{ip:#x}: {name} ({file}:{}:{})",
+        line.unwrap_or(0),
+        col.unwrap_or(0)
+    )
+}
+
+pub(crate) fn render(snapshot: &RecordsSnapshot) -> String {
+    let mut ftbl: Vec<String> = vec!["[root]".to_string()];
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut intern = |text: String| -> usize {
+        *index.entry(text.clone()).or_insert_with(|| {
+            ftbl.push(text);
+            ftbl.len() - 1
+        })
+    };
+    let mut out =
+        String::from("{\"dhatFileVersion\":2,\"mode\":\"rust-heap\",\"verb\":\"Allocated\",");
+    out.push_str("\"bklt\":true,\"bkacc\":false,\"tu\":\"µs\",\"Mtu\":\"s\",\"tuth\":10,\"cmd\":");
+    let cmd: Vec<String> = std::env::args().collect();
+    string(&mut out, &cmd.join(" "));
+    let te = snapshot.taken_us;
+    let _ = write!(
+        out,
+        ",\"pid\":{},\"tg\":{te},\"te\":{te},\"pps\":[",
+        std::process::id()
+    );
+    let round = |x: f64| x.round().max(0.0) as u64;
+    for (i, site) in snapshot.sites.iter().enumerate() {
+        let mut fs = Vec::new();
+        if let Some(stack) = snapshot.stack(site.stack) {
+            if stack.frames.is_empty() {
+                for &ip in stack.ips.iter().take(stack.show.max(1)) {
+                    fs.push(intern(frame_text(ip, "???", None, None, None)));
+                }
+            }
+            for frame in &stack.frames {
+                if frame.symbols.is_empty() {
+                    fs.push(intern(frame_text(frame.ip, "???", None, None, None)));
+                }
+                for s in &frame.symbols {
+                    fs.push(intern(frame_text(
+                        frame.ip,
+                        &s.name,
+                        s.file.as_deref(),
+                        s.line,
+                        s.column,
+                    )));
+                }
+            }
+        }
+        fs.push(intern(format!(
+            "0x0: [allocator {}] (tagalloc:0:0)",
+            site.allocator
+        )));
+        if i > 0 {
+            out.push(',');
+        }
+        let (eb, ebk) = (round(site.live_bytes), round(site.live_blocks));
+        let _ = write!(
+            out,
+            "{{\"tb\":{},\"tbk\":{},\"tl\":{},\"mb\":{},\"mbk\":{},\"gb\":{eb},\"gbk\":{ebk},\
+             \"eb\":{eb},\"ebk\":{ebk},\"fs\":[",
+            round(site.total_bytes),
+            round(site.total_blocks),
+            round(site.lifetimes_us),
+            round(site.max_bytes),
+            round(site.max_blocks),
+        );
+        for (k, f) in fs.iter().enumerate() {
+            if k > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "{f}");
+        }
+        out.push_str("]}");
+    }
+    out.push_str("],\"ftbl\":[");
+    for (k, f) in ftbl.iter().enumerate() {
+        if k > 0 {
+            out.push(',');
+        }
+        string(&mut out, f);
+    }
+    out.push_str("]}");
+    out
+}
