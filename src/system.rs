@@ -129,11 +129,14 @@ impl SystemAllocator {
 unsafe impl GlobalAlloc for SystemAllocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if records::global::alloc_hooked() {
-            // SAFETY: forwarded; `alloc_plain` is this allocation without records.
-            return unsafe { records::global::alloc(layout, alloc_plain) };
+        // The records check sits after the size test, so that both slow ways out are tail
+        // calls with the arguments still in place (no stack frame on the fast path).
+        if let Some(class) = small_fast_class(layout) {
+            if !records::global::alloc_hooked() {
+                return thread_cache::allocate(class);
+            }
         }
-        alloc_plain(layout)
+        alloc_slow(layout)
     }
 
     #[inline]
@@ -147,12 +150,15 @@ unsafe impl GlobalAlloc for SystemAllocator {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: GlobalAlloc's contract, forwarded.
+        // SAFETY: GlobalAlloc's contract: `ptr` is a live block from this allocator with
+        // this layout, so it came from the same side the layout selects now.
         unsafe {
-            if records::global::free_hooked() {
-                return records::global::dealloc(ptr, layout, dealloc_plain);
+            if let Some(class) = small_fast_class(layout) {
+                if !records::global::free_hooked() {
+                    return thread_cache::free(ptr, class);
+                }
             }
-            dealloc_plain(ptr, layout)
+            dealloc_slow(ptr, layout)
         }
     }
 
@@ -164,6 +170,31 @@ unsafe impl GlobalAlloc for SystemAllocator {
             }
             realloc_plain(ptr, layout, new_size)
         }
+    }
+}
+
+/// Allocation off the fast path: with records, or not a small request.
+#[inline(never)]
+fn alloc_slow(layout: Layout) -> *mut u8 {
+    if records::global::alloc_hooked() {
+        // SAFETY: `alloc_plain` is this allocation without records.
+        return unsafe { records::global::alloc(layout, alloc_plain) };
+    }
+    alloc_any(layout)
+}
+
+/// Free off the fast path: with records, or not a small block.
+///
+/// # Safety
+/// As for [`dealloc_plain`].
+#[inline(never)]
+unsafe fn dealloc_slow(ptr: *mut u8, layout: Layout) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if records::global::free_hooked() {
+            return records::global::dealloc(ptr, layout, dealloc_plain);
+        }
+        dealloc_any(ptr, layout)
     }
 }
 

@@ -190,13 +190,7 @@ pub fn snapshot() -> RecordsSnapshot {
             }
         })
         .collect();
-    sites.sort_by(|a, b| {
-        b.live_bytes
-            .total_cmp(&a.live_bytes)
-            .then(b.total_bytes.total_cmp(&a.total_bytes))
-            .then(a.allocator_index.cmp(&b.allocator_index))
-            .then(a.stack.cmp(&b.stack))
-    });
+    sort_sites(&mut sites);
     let stacks = raw_stacks
         .into_iter()
         .enumerate()
@@ -276,7 +270,56 @@ impl RecordsSnapshot {
                 .collect();
             stack.frames = trim(frames, stack.show);
         }
+        self.merge_same_frames();
         self.resolved = true;
+    }
+
+    /// After resolving: stacks that differ only in trimmed frames show the same call site,
+    /// so their records and sites are merged under the lowest such id.
+    fn merge_same_frames(&mut self) {
+        let mut first: HashMap<Vec<usize>, u32> = HashMap::new();
+        let mut canonical: Vec<u32> = Vec::with_capacity(self.stacks.len());
+        for stack in &self.stacks {
+            let key: Vec<usize> = if stack.frames.is_empty() {
+                stack.ips.clone()
+            } else {
+                stack.frames.iter().map(|f| f.ip).collect()
+            };
+            canonical.push(*first.entry(key).or_insert(stack.id));
+        }
+        let map = |id: u32| -> u32 {
+            (id as usize)
+                .checked_sub(1)
+                .and_then(|i| canonical.get(i).copied())
+                .unwrap_or(id)
+        };
+        for r in &mut self.records {
+            r.stack = map(r.stack);
+        }
+        let mut merged: Vec<CallSite> = Vec::with_capacity(self.sites.len());
+        let mut at: HashMap<(usize, u32), usize> = HashMap::new();
+        for mut site in self.sites.drain(..) {
+            site.stack = map(site.stack);
+            match at.get(&(site.allocator_index, site.stack)) {
+                Some(&i) => {
+                    let m = &mut merged[i];
+                    m.live_bytes += site.live_bytes;
+                    m.live_blocks += site.live_blocks;
+                    m.total_bytes += site.total_bytes;
+                    m.total_blocks += site.total_blocks;
+                    m.max_bytes += site.max_bytes;
+                    m.max_blocks += site.max_blocks;
+                    m.lifetimes_us += site.lifetimes_us;
+                    m.sampled |= site.sampled;
+                }
+                None => {
+                    at.insert((site.allocator_index, site.stack), merged.len());
+                    merged.push(site);
+                }
+            }
+        }
+        sort_sites(&mut merged);
+        self.sites = merged;
     }
 
     /// Live bytes and blocks per allocator and call stack, from the live records (estimated
@@ -305,6 +348,17 @@ impl RecordsSnapshot {
         });
         sites
     }
+}
+
+/// Largest live bytes first, then largest totals.
+fn sort_sites(sites: &mut [CallSite]) {
+    sites.sort_by(|a, b| {
+        b.live_bytes
+            .total_cmp(&a.live_bytes)
+            .then(b.total_bytes.total_cmp(&a.total_bytes))
+            .then(a.allocator_index.cmp(&b.allocator_index))
+            .then(a.stack.cmp(&b.stack))
+    });
 }
 
 fn allocator_index(name: &str) -> Option<usize> {
@@ -349,10 +403,16 @@ pub(crate) fn is_plumbing(name: &str) -> bool {
         "std::alloc::",
         "<std::alloc::",
     ];
-    const PARTS: [&str; 6] = [
+    const PARTS: [&str; 12] = [
+        "hashbrown::raw::",
+        "hashbrown::alloc::",
+        "hashbrown::raw_table::",
         " as allocator_api2::",
         " as core::alloc::",
         " as tagalloc::",
+        "<impl allocator_api2::",
+        "<impl core::alloc::",
+        "<impl tagalloc::",
         "::__tagalloc_",
         "hashbrown::raw::alloc::",
         "backtrace::",
@@ -360,9 +420,31 @@ pub(crate) fn is_plumbing(name: &str) -> bool {
     PREFIXES.iter().any(|p| name.starts_with(p)) || PARTS.iter().any(|p| name.contains(p))
 }
 
-/// Drops the allocation frames at the top of a stack and keeps at most `show` frames. A
-/// stack made only of such frames is kept whole (there is nothing better to show).
+/// Whether a frame is the runtime's, below `main` or a thread's closure.
+fn is_runtime_entry(frame: &Frame) -> bool {
+    frame.symbols.iter().any(|s| {
+        s.name
+            .starts_with("std::sys::backtrace::__rust_begin_short_backtrace")
+    })
+}
+
+/// Drops the allocation frames at the top of a stack and the runtime's frames at the
+/// bottom (from `__rust_begin_short_backtrace` down: `lang_start`, `main`, thread start),
+/// and keeps at most `show` frames. A stack made only of allocation frames is kept whole
+/// (there is nothing better to show).
 fn trim(mut frames: Vec<Frame>, show: usize) -> Vec<Frame> {
+    if let Some(entry) = frames.iter().position(is_runtime_entry) {
+        frames.truncate(entry);
+        // The closure call just above the runtime entry is the runtime's too.
+        if frames.last().is_some_and(|f| {
+            f.symbols.len() == 1
+                && f.symbols[0]
+                    .name
+                    .starts_with("core::ops::function::FnOnce::call_once")
+        }) {
+            frames.pop();
+        }
+    }
     let first_user = frames
         .iter()
         .position(|f| f.symbols.is_empty() || f.symbols.iter().any(|s| !is_plumbing(&s.name)));
@@ -404,10 +486,13 @@ mod tests {
             frame(&["allocator_api2::stable::boxed::Box<T,A>::new_in"]),
             frame(&["__rustc::__rust_alloc", "game::load_textures"]),
             frame(&["game::main"]),
+            frame(&["core::ops::function::FnOnce::call_once"]),
+            frame(&["std::sys::backtrace::__rust_begin_short_backtrace"]),
             frame(&["std::rt::lang_start"]),
         ];
         let t = trim(frames.clone(), 8);
-        assert_eq!(t.len(), 3);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[1].symbols[0].name, "game::main");
         assert_eq!(t[0].symbols.len(), 1);
         assert_eq!(t[0].symbols[0].name, "game::load_textures");
         assert_eq!(trim(frames.clone(), 1).len(), 1);
