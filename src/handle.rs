@@ -508,8 +508,10 @@ macro_rules! __handle_common {
                 Self::registration().set_records(mode);
             }
 
-            /// What this allocator records.
+            /// What this allocator records (registering it first, so that a
+            /// `TAGALLOC_RECORDS` entry for it applies).
             pub fn record_mode(self) -> $crate::RecordMode {
+                Self::registration().register();
                 Self::registration().record_mode()
             }
         }

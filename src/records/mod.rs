@@ -335,3 +335,42 @@ fn put_back(taken: Taken, new: Option<(NonNull<u8>, usize)>, new_size: usize) {
 pub fn live_records() -> usize {
     table::live_records()
 }
+
+/// What one allocator's live records add up to (unweighted: each record counts once).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordTotals {
+    /// Live records.
+    pub records: usize,
+    /// Their granted bytes.
+    pub bytes: usize,
+    /// Their requested bytes.
+    pub requested: usize,
+}
+
+/// Adds up the live records of `allocator` without allocating (it walks the table, taking
+/// each shard lock in turn), so it can be compared with the allocator's statistics at the
+/// same moment. With `Basic` or `Full` records on since the allocator's first block, the
+/// records equal its live blocks and granted bytes.
+///
+/// ```
+/// use tagalloc::{RecordMode, SystemAllocator};
+/// use tagalloc::records::{self, RecordTotals};
+///
+/// tagalloc::allocator!(Audio: child of SystemAllocator, "Audio");
+/// Audio.set_records(RecordMode::Basic);
+/// let clip = allocator_api2::vec::Vec::<i16, Audio>::with_capacity_in(1000, Audio);
+/// let totals = records::live_totals(Audio::registration());
+/// assert_eq!(totals, RecordTotals { records: 1, bytes: Audio.stats().live_granted_bytes, requested: 2000 });
+/// # drop(clip);
+/// ```
+pub fn live_totals(allocator: &Registration) -> RecordTotals {
+    let Some(index) = allocator.index() else {
+        return RecordTotals::default();
+    };
+    let (records, bytes, requested) = table::totals_of(index as u32);
+    RecordTotals {
+        records,
+        bytes,
+        requested,
+    }
+}

@@ -420,7 +420,8 @@ pub(crate) fn is_plumbing(name: &str) -> bool {
     PREFIXES.iter().any(|p| name.starts_with(p)) || PARTS.iter().any(|p| name.contains(p))
 }
 
-/// Whether a frame is the runtime's, below `main` or a thread's closure.
+/// Whether a frame is where the runtime (or the test harness) calls `main`, a thread's
+/// closure or a test.
 fn is_runtime_entry(frame: &Frame) -> bool {
     frame.symbols.iter().any(|s| {
         s.name

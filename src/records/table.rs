@@ -349,6 +349,22 @@ pub(crate) fn live_records() -> usize {
     TABLE.iter().map(|p| p.0.lock().records.len()).sum()
 }
 
+/// Records, granted bytes and requested bytes of one allocator, without allocating.
+pub(crate) fn totals_of(alloc: u32) -> (usize, usize, usize) {
+    let mut totals = (0, 0, 0);
+    for padded in &TABLE {
+        let shard = padded.0.lock();
+        for (key, rec) in shard.records.iter() {
+            if key.alloc == alloc {
+                totals.0 += 1;
+                totals.1 += rec.size;
+                totals.2 += rec.requested;
+            }
+        }
+    }
+    totals
+}
+
 /// Takes every shard lock (before `fork`).
 ///
 /// # Safety
