@@ -61,7 +61,8 @@ impl Worker {
                     }),
                     Task::Free(b) => {
                         // SAFETY: the block is live and `granted` bytes long.
-                        let bytes = unsafe { core::slice::from_raw_parts(b.ptr.as_ptr(), b.granted) };
+                        let bytes =
+                            unsafe { core::slice::from_raw_parts(b.ptr.as_ptr(), b.granted) };
                         assert!(bytes.iter().all(|&x| x == b.seed), "contents changed");
                         // SAFETY: allocated by this pool with this layout, freed once.
                         unsafe { pool.deallocate(b.ptr, b.layout) };
@@ -96,10 +97,21 @@ impl Worker {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { on: usize, size: usize, align_log: u32 },
-    Free { on: usize, pick: usize },
-    Collect { on: usize },
-    Exit { who: usize },
+    Alloc {
+        on: usize,
+        size: usize,
+        align_log: u32,
+    },
+    Free {
+        on: usize,
+        pick: usize,
+    },
+    Collect {
+        on: usize,
+    },
+    Exit {
+        who: usize,
+    },
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -123,7 +135,11 @@ fn run(ops: Vec<Op>) {
     let (mut allocations, mut frees, mut granted, mut requested, mut peak) = (0u64, 0u64, 0, 0, 0);
     for (step, op) in ops.into_iter().enumerate() {
         match op {
-            Op::Alloc { on, size, align_log } => {
+            Op::Alloc {
+                on,
+                size,
+                align_log,
+            } => {
                 let layout = Layout::from_size_align(size, 1 << align_log).unwrap();
                 let Some(b) = workers[on].run(Task::Alloc(layout, step as u8)) else {
                     assert_eq!(cfg.block_size(layout), None, "refused {layout:?}");
@@ -170,7 +186,11 @@ fn run(ops: Vec<Op>) {
         assert_eq!(st.granted_bytes, granted);
         assert_eq!(st.requested_bytes, requested);
         // Never below the true peak; above it by less than a page per heap.
-        assert!(st.peak_granted_bytes >= peak, "{} < {peak}", st.peak_granted_bytes);
+        assert!(
+            st.peak_granted_bytes >= peak,
+            "{} < {peak}",
+            st.peak_granted_bytes
+        );
         assert!(st.peak_granted_bytes <= peak + st.thread_heaps * cfg.page_size());
         // Heaps are adopted: never more than the threads alive at once, plus the fallback.
         assert!(st.thread_heaps <= WORKERS + 2, "{st:?}");
@@ -187,7 +207,10 @@ fn run(ops: Vec<Op>) {
     pool.validate().unwrap();
     pool.garbage_collect();
     let st = pool.stats();
-    assert_eq!((st.live_blocks, st.granted_bytes, st.requested_bytes), (0, 0, 0));
+    assert_eq!(
+        (st.live_blocks, st.granted_bytes, st.requested_bytes),
+        (0, 0, 0)
+    );
     assert_eq!((st.pages, st.free_pages), (0, 0), "{st:?}");
     pool.validate().unwrap();
 }

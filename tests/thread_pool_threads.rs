@@ -67,7 +67,10 @@ fn cross_thread_frees_return_every_counter_to_its_start_and_peak_is_right() {
     let st = pool.stats();
     let all = (THREADS * PER_THREAD) as u64;
     assert_eq!((st.allocations, st.frees), (all, all));
-    assert_eq!((st.live_blocks, st.granted_bytes, st.requested_bytes), (0, 0, 0));
+    assert_eq!(
+        (st.live_blocks, st.granted_bytes, st.requested_bytes),
+        (0, 0, 0)
+    );
     // Never more than was live at once, give or take a page per heap.
     assert!(st.peak_granted_bytes <= all as usize * granted + st.thread_heaps * 4096);
     let mut pool = pool;
@@ -173,7 +176,10 @@ fn garbage_collect_is_safe_while_other_threads_allocate_and_free_across() {
     let st = pool.stats();
     let all = (WORKERS * ROUNDS * 8) as u64;
     assert_eq!((st.allocations, st.frees), (all, all));
-    assert_eq!((st.live_blocks, st.granted_bytes, st.requested_bytes), (0, 0, 0));
+    assert_eq!(
+        (st.live_blocks, st.granted_bytes, st.requested_bytes),
+        (0, 0, 0)
+    );
     pool.validate().unwrap();
     pool.garbage_collect();
     assert_eq!(pool.stats().pages, 0);

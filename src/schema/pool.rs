@@ -144,7 +144,10 @@ impl fmt::Display for PoolConfigError {
                 "pool max size {max_size} is not a multiple of min size {min_size}"
             ),
             Self::TooManyClasses { classes, limit } => {
-                write!(f, "pool has {classes} size classes; at most {limit} are supported")
+                write!(
+                    f,
+                    "pool has {classes} size classes; at most {limit} are supported"
+                )
             }
             Self::PageSizeNotPowerOfTwo { page_size } => {
                 write!(f, "pool page size {page_size} is not a power of two")

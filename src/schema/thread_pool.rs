@@ -272,9 +272,13 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 None => self.take_page(core)?,
             };
             let local = heap.local();
-            local
-                .pages
-                .install(page, class, &self.config, core.uid, heap as *const ThreadHeap as *const u8);
+            local.pages.install(
+                page,
+                class,
+                &self.config,
+                core.uid,
+                heap as *const ThreadHeap as *const u8,
+            );
             Some(local.pages.allocate(class))
         }
     }
@@ -343,9 +347,13 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                         if let Some(page) = page {
                             core.free_pages.fetch_sub(1, Relaxed);
                             let local = h.local();
-                            local
-                                .pages
-                                .install(page, class, &self.config, core.uid, fb as *const u8);
+                            local.pages.install(
+                                page,
+                                class,
+                                &self.config,
+                                core.uid,
+                                fb as *const u8,
+                            );
                             slot = local.pages.allocate(class);
                         }
                     }
@@ -534,7 +542,11 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         }
         // Mid-flight reads can put a free before its allocation: never report less than 0.
         let granted = if (granted as isize) < 0 { 0 } else { granted };
-        let requested = if (requested as isize) < 0 { 0 } else { requested };
+        let requested = if (requested as isize) < 0 {
+            0
+        } else {
+            requested
+        };
         let peak = core.peak.fetch_max(granted, Relaxed).max(granted);
         let pages = core.pages.load(Relaxed);
         let bookkeeping = core.bookkeeping.load(Relaxed);

@@ -531,7 +531,10 @@ impl Pages {
         let mut live = 0;
         let mut pages = 0;
         for c in 0..MAX_CLASSES {
-            for (head, full) in [(self.classes[c].partial, false), (self.classes[c].full, true)] {
+            for (head, full) in [
+                (self.classes[c].partial, false),
+                (self.classes[c].full, true),
+            ] {
                 let mut page = head;
                 let mut prev = null_mut();
                 // SAFETY: listed pages are valid headers of this heap.

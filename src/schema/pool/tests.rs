@@ -203,7 +203,10 @@ fn miri_round_trip_keeps_contents_and_counters_return_to_zero() {
         unsafe { pool.deallocate(a.ptr, *l) };
     }
     let st = pool.stats();
-    assert_eq!((st.live_blocks, st.granted_bytes, st.requested_bytes), (0, 0, 0));
+    assert_eq!(
+        (st.live_blocks, st.granted_bytes, st.requested_bytes),
+        (0, 0, 0)
+    );
     assert_eq!((st.allocations, st.frees), (n as u64, n as u64));
     assert_eq!(st.peak_granted_bytes, granted);
     pool.validate().unwrap();
@@ -219,7 +222,11 @@ fn miri_alignments_up_to_max_align_are_honoured() {
             let l = layout(size, align);
             match pool.allocate(l) {
                 Some(a) => {
-                    assert_eq!(a.ptr.as_ptr().addr() % align, 0, "size {size} align {align}");
+                    assert_eq!(
+                        a.ptr.as_ptr().addr() % align,
+                        0,
+                        "size {size} align {align}"
+                    );
                     assert!(a.size >= size);
                     live.push((a, l));
                 }
@@ -238,7 +245,12 @@ fn miri_alignments_up_to_max_align_are_honoured() {
 fn miri_out_of_range_requests_get_none_and_change_nothing() {
     let parent = CountingParent::default();
     let pool = PoolSchema::with_config(&parent, PoolConfig::DEFAULT.with_name("refusals"));
-    for l in [layout(513, 1), layout(1, 1024), layout(4096, 4096), layout(1, 2048)] {
+    for l in [
+        layout(513, 1),
+        layout(1, 1024),
+        layout(4096, 4096),
+        layout(1, 2048),
+    ] {
         assert!(pool.allocate(l).is_none(), "{l:?}");
     }
     assert_eq!(pool.stats(), PoolStats::default());

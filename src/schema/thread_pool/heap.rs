@@ -170,7 +170,9 @@ impl Shared {
 
     /// The abandoned heaps, for a collection under the lock.
     pub(crate) fn abandoned(&self) -> AbandonedIter {
-        AbandonedIter { next: self.abandoned }
+        AbandonedIter {
+            next: self.abandoned,
+        }
     }
 }
 

@@ -69,12 +69,12 @@ fn miri_thread_pool_round_trip_on_one_thread() {
         st.requested_bytes,
         blocks.iter().map(|b| b.1.size()).sum::<usize>()
     );
-    assert_eq!(st.thread_heaps, 2, "this thread's heap and the fallback heap");
-    assert!(st.bookkeeping_bytes > 0);
     assert_eq!(
-        st.reserved_bytes,
-        st.pages * 4096 + st.bookkeeping_bytes
+        st.thread_heaps, 2,
+        "this thread's heap and the fallback heap"
     );
+    assert!(st.bookkeeping_bytes > 0);
+    assert_eq!(st.reserved_bytes, st.pages * 4096 + st.bookkeeping_bytes);
     pool.validate().unwrap();
     for b in blocks {
         free(&pool, b);
@@ -109,7 +109,8 @@ fn miri_cross_thread_frees_keep_counters_exact() {
         let pool = &pool;
         let producer = s.spawn(move || {
             for i in 0..n {
-                tx.send(alloc(pool, layout(8 + i % 200, 8), i as u8)).unwrap();
+                tx.send(alloc(pool, layout(8 + i % 200, 8), i as u8))
+                    .unwrap();
             }
         });
         let consumer = s.spawn(move || {
@@ -162,7 +163,9 @@ fn miri_exited_threads_heaps_are_adopted_not_leaked() {
             s.spawn(move || {
                 // Free what the previous thread left, allocate some, leave half.
                 from_last.into_iter().for_each(|b| free(pool, b));
-                let mut mine: Vec<_> = (0..8).map(|i| alloc(pool, layout(24, 8), t as u8 ^ i)).collect();
+                let mut mine: Vec<_> = (0..8)
+                    .map(|i| alloc(pool, layout(24, 8), t as u8 ^ i))
+                    .collect();
                 let keep = mine.split_off(4);
                 mine.into_iter().for_each(|b| free(pool, b));
                 keep
@@ -190,7 +193,9 @@ fn miri_fallback_heap_serves_threads_without_storage() {
     let l = layout(40, 8);
     // Allocate on the fallback heap, free on a thread with a heap (a remote free into the
     // fallback heap), and the other way round.
-    let a = pool.allocate_fallback(core, pool.config.class_of(l).unwrap(), l).unwrap();
+    let a = pool
+        .allocate_fallback(core, pool.config.class_of(l).unwrap(), l)
+        .unwrap();
     let b = pool.allocate(l).unwrap();
     // SAFETY: allocated above with `l`, freed once each.
     unsafe {
@@ -213,7 +218,8 @@ fn miri_fallback_heap_serves_threads_without_storage() {
 fn miri_thread_local_destructors_may_use_the_pool_after_its_table_is_gone() {
     use std::cell::Cell;
     static POOL: ThreadPoolSchema<System> = ThreadPoolSchema::new(System);
-    static USED_FALLBACK: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+    static USED_FALLBACK: core::sync::atomic::AtomicBool =
+        core::sync::atomic::AtomicBool::new(false);
 
     struct Late(Cell<u8>);
     impl Drop for Late {
@@ -243,7 +249,10 @@ fn miri_thread_local_destructors_may_use_the_pool_after_its_table_is_gone() {
     .unwrap();
     let st = POOL.stats();
     assert_eq!((st.allocations, st.frees, st.live_blocks), (2, 2, 0));
-    assert!(USED_FALLBACK.load(Relaxed), "the late destructor ran with the table gone");
+    assert!(
+        USED_FALLBACK.load(Relaxed),
+        "the late destructor ran with the table gone"
+    );
 }
 
 #[test]
