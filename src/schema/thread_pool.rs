@@ -253,13 +253,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         // ends before the next is taken and before the parent is called.
         unsafe {
             heap.drain_remote(core);
-            let epoch = core.gc_epoch.load(Relaxed);
-            if heap.local().seen_epoch != epoch {
-                heap.local().seen_epoch = epoch;
-                self.release_heap_empties(core, heap);
-            } else if heap.local().pages.empty_count() > LOCAL_EMPTY_PAGES {
-                heap.spill_empty(&mut core.lock.lock(), LOCAL_EMPTY_PAGES);
-            }
+            self.page_emptied(core, heap);
             let slot = heap.local().pages.allocate(class);
             if !slot.is_null() {
                 return Some(slot);
@@ -280,6 +274,26 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 heap as *const ThreadHeap as *const u8,
             );
             Some(local.pages.allocate(class))
+        }
+    }
+
+    /// After the heap may have gained empty pages (a local free emptied one, or remote frees
+    /// were taken back): honour a pending collection, or share the empty pages beyond the few
+    /// the heap keeps, so that other threads can use them and collections can return them.
+    ///
+    /// # Safety
+    /// The caller must be the heap's user, with no borrow of its local state live.
+    #[cold]
+    unsafe fn page_emptied(&self, core: &Core, heap: &ThreadHeap) {
+        // SAFETY: forwarded from the caller; each borrow ends before the next.
+        unsafe {
+            let epoch = core.gc_epoch.load(Relaxed);
+            if heap.local().seen_epoch != epoch {
+                heap.local().seen_epoch = epoch;
+                self.release_heap_empties(core, heap);
+            } else if heap.local().pages.empty_count() > LOCAL_EMPTY_PAGES {
+                heap.spill_empty(&mut core.lock.lock(), LOCAL_EMPTY_PAGES);
+            }
         }
     }
 
@@ -420,6 +434,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 if local.pages.free(page, slot, &self.config) {
                     local.pages.push_empty(page);
                     core.free_pages.fetch_add(1, Relaxed);
+                    self.page_emptied(core, heap);
                 }
             } else {
                 (*owner.cast::<ThreadHeap>()).push_remote(slot);
