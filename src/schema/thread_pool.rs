@@ -606,7 +606,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 frees += h.counters.frees.load(Relaxed);
             }
             let shared_free = shared.free.validate()?;
-            if live_slots - waiting != (allocations - frees) as usize {
+            if live_slots.checked_sub(waiting) != Some(allocations.wrapping_sub(frees) as usize) {
                 return Err("live slots (less remote frees) differ from the block count");
             }
             if pages + shared_free != core.pages.load(Relaxed) {
