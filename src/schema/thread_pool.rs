@@ -45,7 +45,8 @@ pub use registry::SLOTS;
 ///
 /// Constructible in a `static` (no lazy heap: the shared state is allocated from the parent
 /// on first use), and usable from any thread at any time, including from thread-local
-/// destructors.
+/// destructors. Up to [`SLOTS`] thread pools can have per-thread heaps at once; pools beyond
+/// that (and threads whose thread-locals are gone) are served by a shared heap under a lock.
 ///
 /// ```
 /// use core::alloc::Layout;
