@@ -40,7 +40,9 @@ fn main() {
 
     // rayon: parallel work whose intermediate Strings and Vecs are allocated on one worker
     // and freed on another.
-    let lines: Vec<String> = (0..200_000).map(|i| format!("line {i} {}", i % 97)).collect();
+    let lines: Vec<String> = (0..200_000)
+        .map(|i| format!("line {i} {}", i % 97))
+        .collect();
     let total: usize = lines
         .par_iter()
         .map(|l| l.split(' ').map(str::to_owned).collect::<Vec<_>>())
