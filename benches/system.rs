@@ -1,7 +1,10 @@
 //! SystemAllocator against `std::alloc::System`: alloc+free pairs of small and large sizes.
 //!
 //! Run with `cargo bench --bench system`. Both allocators are called through `GlobalAlloc`
-//! in the same process, side by side, so their ratio is what to read.
+//! in the same process, side by side, so their ratio is what to read: alloc+free pairs per
+//! size class, realloc growth, producer/consumer across threads, threads created and joined.
+//! (Stats on versus off needs two builds: `bash compare/run.sh --allocators
+//! tagalloc,tagalloc-uncounted`, or `compare/callgrind.sh` for instruction counts.)
 
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -56,7 +59,107 @@ fn bench_sizes(c: &mut Criterion, group_name: &str, sizes: &[usize]) {
 }
 
 fn small(c: &mut Criterion) {
-    bench_sizes(c, "small", &[8, 32, 128, 512]);
+    // One size per region of the class table: 8-byte steps, then four classes per doubling.
+    bench_sizes(c, "small", &[8, 32, 128, 512, 1024, 4096]);
+}
+
+/// Grows a buffer from 16 bytes to `max` by doubling through `realloc`, writing its last
+/// byte each time, as `Vec::push` does.
+fn grow(a: &dyn GlobalAlloc, max: usize) {
+    let mut layout = Layout::from_size_align(16, 8).unwrap();
+    // SAFETY: each realloc uses the block's current layout; the last one is freed with it.
+    unsafe {
+        let mut p = a.alloc(layout);
+        while layout.size() < max {
+            let new = layout.size() * 2;
+            p = a.realloc(p, layout, new);
+            p.add(new - 1).write(1);
+            layout = Layout::from_size_align(new, 8).unwrap();
+        }
+        a.dealloc(black_box(p), layout);
+    }
+}
+
+fn realloc_growth(c: &mut Criterion) {
+    let mut group = c.benchmark_group("realloc_growth");
+    for max in [4096usize, 1 << 20, 16 << 20] {
+        for (name, a) in [
+            ("tagalloc", &TAGALLOC as &dyn GlobalAlloc),
+            ("System", &System),
+        ] {
+            group.bench_with_input(BenchmarkId::new(name, max), &max, |b, &m| {
+                b.iter(|| grow(a, m))
+            });
+        }
+    }
+    group.finish();
+}
+
+/// A producer thread allocates `n` blocks of mixed small sizes and hands them to a consumer
+/// thread, which frees them: every free is a cross-thread free.
+fn producer_consumer(a: &'static (dyn GlobalAlloc + Sync), n: usize) {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(usize, Layout)>>(16);
+    let consumer = std::thread::spawn(move || {
+        for batch in rx {
+            for (p, layout) in batch {
+                // SAFETY: allocated by the producer with this layout, freed once here.
+                unsafe { a.dealloc(p as *mut u8, layout) };
+            }
+        }
+    });
+    for chunk in 0..n / 256 {
+        let batch = (0..256)
+            .map(|i| {
+                let layout = Layout::from_size_align(8 + (i * 37 + chunk) % 500, 8).unwrap();
+                // SAFETY: a non-zero layout.
+                let p = unsafe { a.alloc(layout) };
+                (p as usize, layout)
+            })
+            .collect();
+        tx.send(batch).unwrap();
+    }
+    drop(tx);
+    consumer.join().unwrap();
+}
+
+fn cross_thread(c: &mut Criterion) {
+    let mut group = c.benchmark_group("producer_consumer");
+    group.sample_size(10);
+    for (name, a) in [
+        ("tagalloc", &TAGALLOC as &'static (dyn GlobalAlloc + Sync)),
+        ("System", &System),
+    ] {
+        group.bench_function(name, |b| b.iter(|| producer_consumer(a, 64 * 1024)));
+    }
+    group.finish();
+}
+
+/// Creates and joins `n` threads, each allocating and freeing a few dozen blocks.
+fn short_threads(a: &'static (dyn GlobalAlloc + Sync), n: usize) {
+    for _ in 0..n {
+        std::thread::spawn(move || {
+            for size in [16usize, 48, 100, 256, 700, 3000] {
+                let layout = Layout::from_size_align(size, 8).unwrap();
+                for _ in 0..8 {
+                    pair(a, layout);
+                }
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}
+
+fn threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("threads_created_and_joined");
+    group.sample_size(10);
+    for (name, a) in [
+        ("tagalloc", &TAGALLOC as &'static (dyn GlobalAlloc + Sync)),
+        ("System", &System),
+    ] {
+        group.bench_function(name, |b| b.iter(|| short_threads(a, 64)));
+    }
+    group.finish();
 }
 
 fn large(c: &mut Criterion) {
@@ -69,6 +172,6 @@ criterion_group! {
         .warm_up_time(std::time::Duration::from_millis(300))
         .measurement_time(std::time::Duration::from_secs(1))
         .sample_size(30);
-    targets = small, large
+    targets = small, large, realloc_growth, cross_thread, threads
 }
 criterion_main!(benches);

@@ -183,7 +183,8 @@ impl Registration {
     }
 
     /// Links this entry into the registry if it is not yet (after its parent). Cheap when
-    /// already registered: one load. Never allocates, never blocks.
+    /// already registered: one load. Never allocates; if another thread is registering the
+    /// same entry, waits the few instructions it takes to finish.
     #[inline]
     pub fn register(&'static self) {
         if self.state.load(Ordering::Acquire) != REGISTERED {
@@ -207,7 +208,12 @@ impl Registration {
             )
             .is_err()
         {
-            // Another thread is linking it in; it appears in the list momentarily.
+            // Another thread is linking it in: wait the few instructions that takes, so that
+            // when this returns the entry is registered (and a child registering after it
+            // gets a later index than its parent).
+            while self.state.load(Ordering::Acquire) != REGISTERED {
+                core::hint::spin_loop();
+            }
             return;
         }
         self.index.store(

@@ -74,9 +74,9 @@ struct Bin {
     limit: u32,
 }
 
-/// Per-class allocation and free counts of one thread (or of the exited threads). Live
-/// blocks are their difference, so each operation bumps one counter.
-pub(crate) struct Counters {
+/// Per-class allocation and free counts shared by exited threads and threads running
+/// without a cache (updated with read-modify-writes, from any thread).
+struct Counters {
     allocations: [AtomicU64; CLASS_COUNT],
     frees: [AtomicU64; CLASS_COUNT],
 }
@@ -89,27 +89,6 @@ impl Counters {
         }
     }
 
-    /// Counts an allocation; only the owning thread writes, so a load and a store suffice.
-    ///
-    /// # Safety
-    /// `class < CLASS_COUNT`.
-    #[inline(always)]
-    unsafe fn owner_alloc(&self, class: usize) {
-        // SAFETY: forwarded from the caller.
-        let n = unsafe { self.allocations.get_unchecked(class) };
-        n.store(n.load(Relaxed) + 1, Relaxed);
-    }
-
-    /// # Safety
-    /// `class < CLASS_COUNT`.
-    #[inline(always)]
-    unsafe fn owner_free(&self, class: usize) {
-        // SAFETY: forwarded from the caller.
-        let n = unsafe { self.frees.get_unchecked(class) };
-        n.store(n.load(Relaxed) + 1, Relaxed);
-    }
-
-    /// Counts from any thread (for the shared counters of exited or cache-less threads).
     fn shared_alloc(&self, class: usize) {
         self.allocations[class].fetch_add(1, Relaxed);
     }
@@ -118,21 +97,13 @@ impl Counters {
         self.frees[class].fetch_add(1, Relaxed);
     }
 
-    /// Moves these counts into `into` and zeroes them.
-    fn move_into(&self, into: &Counters) {
-        for class in 0..CLASS_COUNT {
-            into.allocations[class].fetch_add(self.allocations[class].swap(0, Relaxed), Relaxed);
-            into.frees[class].fetch_add(self.frees[class].swap(0, Relaxed), Relaxed);
-        }
-    }
-
     fn add_to(&self, totals: &mut FrontTotals) {
         for class in 0..CLASS_COUNT {
-            let allocated = self.allocations[class].load(Relaxed);
-            let freed = self.frees[class].load(Relaxed);
-            totals.live[class] += allocated as i64 - freed as i64;
-            totals.allocations += allocated;
-            totals.frees += freed;
+            totals.add(
+                class,
+                self.allocations[class].load(Relaxed),
+                self.frees[class].load(Relaxed),
+            );
         }
     }
 }
@@ -146,6 +117,12 @@ pub(crate) struct FrontTotals {
 }
 
 impl FrontTotals {
+    fn add(&mut self, class: usize, allocated: u64, freed: u64) {
+        self.live[class] += allocated as i64 - freed as i64;
+        self.allocations += allocated;
+        self.frees += freed;
+    }
+
     /// Live small blocks and their granted bytes.
     pub(crate) fn live_blocks_and_bytes(&self) -> (usize, usize) {
         let mut blocks = 0usize;
@@ -159,11 +136,18 @@ impl FrontTotals {
     }
 }
 
+/// One size class of a thread's cache: its bin (owner-only) and its counts (owner writes,
+/// anyone reads), side by side so the fast path touches one cache line.
+struct ClassSlot {
+    bin: UnsafeCell<Bin>,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+}
+
 /// One thread's cache. Lives in TLS; other threads only read its counters and, under the
 /// registry lock, its links.
 pub(crate) struct ThreadCache {
-    bins: UnsafeCell<[Bin; CLASS_COUNT]>,
-    counters: Counters,
+    slots: [ClassSlot; CLASS_COUNT],
     state: Cell<u8>,
     next: AtomicPtr<ThreadCache>,
     prev: AtomicPtr<ThreadCache>,
@@ -172,15 +156,18 @@ pub(crate) struct ThreadCache {
 impl ThreadCache {
     const fn new() -> Self {
         Self {
-            bins: UnsafeCell::new(
-                [Bin {
-                    head: null_mut(),
-                    count: 0,
-                    refill: FIRST_REFILL,
-                    limit: 0,
-                }; CLASS_COUNT],
-            ),
-            counters: Counters::new(),
+            slots: [const {
+                ClassSlot {
+                    bin: UnsafeCell::new(Bin {
+                        head: null_mut(),
+                        count: 0,
+                        refill: FIRST_REFILL,
+                        limit: 0,
+                    }),
+                    allocations: AtomicU64::new(0),
+                    frees: AtomicU64::new(0),
+                }
+            }; CLASS_COUNT],
             state: Cell::new(STATE_NEW),
             next: AtomicPtr::new(null_mut()),
             prev: AtomicPtr::new(null_mut()),
@@ -195,8 +182,56 @@ impl ThreadCache {
     #[inline(always)]
     #[allow(clippy::mut_from_ref)]
     unsafe fn bin(&self, class: usize) -> &mut Bin {
+        // SAFETY: forwarded from the caller; the `&mut` covers only the bin, never the
+        // counters other threads read.
+        unsafe { &mut *self.slots.get_unchecked(class).bin.get() }
+    }
+
+    /// Counts an allocation; only the owning thread writes, so a load and a store suffice.
+    ///
+    /// # Safety
+    /// `class < CLASS_COUNT`.
+    #[inline(always)]
+    unsafe fn owner_alloc(&self, class: usize) {
+        if cfg!(feature = "uncounted") {
+            return;
+        }
         // SAFETY: forwarded from the caller.
-        unsafe { (*self.bins.get()).get_unchecked_mut(class) }
+        let n = unsafe { &self.slots.get_unchecked(class).allocations };
+        n.store(n.load(Relaxed) + 1, Relaxed);
+    }
+
+    /// Counts a free, as [`owner_alloc`](Self::owner_alloc).
+    ///
+    /// # Safety
+    /// `class < CLASS_COUNT`.
+    #[inline(always)]
+    unsafe fn owner_free(&self, class: usize) {
+        if cfg!(feature = "uncounted") {
+            return;
+        }
+        // SAFETY: forwarded from the caller.
+        let n = unsafe { &self.slots.get_unchecked(class).frees };
+        n.store(n.load(Relaxed) + 1, Relaxed);
+    }
+
+    /// Moves this cache's counts into the orphan counters and zeroes them.
+    fn move_counts_to_orphans(&self) {
+        for (class, slot) in self.slots.iter().enumerate() {
+            ORPHANS.allocations[class].fetch_add(slot.allocations.swap(0, Relaxed), Relaxed);
+            ORPHANS.frees[class].fetch_add(slot.frees.swap(0, Relaxed), Relaxed);
+        }
+    }
+
+    /// Adds this cache's counts to `totals`.
+    fn add_counts_to(&self, totals: &mut FrontTotals) {
+        for (class, slot) in self.slots.iter().enumerate() {
+            totals.add(
+                class,
+                slot.allocations.load(Relaxed),
+                slot.frees.load(Relaxed),
+            );
+        }
     }
 
     #[inline(always)]
@@ -210,7 +245,7 @@ impl ThreadCache {
             }
             bin.head = (*slot).next;
             bin.count -= 1;
-            self.counters.owner_alloc(class);
+            self.owner_alloc(class);
             mark_allocated(slot.cast());
             slot.cast()
         }
@@ -249,7 +284,7 @@ impl ThreadCache {
         unsafe {
             bin.head = (*head).next;
             bin.count = got as u32 - 1;
-            self.counters.owner_alloc(class);
+            self.owner_alloc(class);
             mark_allocated(head.cast());
         }
         head.cast()
@@ -268,7 +303,7 @@ impl ThreadCache {
             (*slot).next = bin.head;
             bin.head = slot;
             bin.count += 1;
-            self.counters.owner_free(class);
+            self.owner_free(class);
         }
     }
 
@@ -313,7 +348,7 @@ impl ThreadCache {
             (*slot).next = bin.head;
             bin.head = slot;
             bin.count += 1;
-            self.counters.owner_free(class);
+            self.owner_free(class);
         }
     }
 
@@ -385,7 +420,7 @@ impl ThreadCache {
             unsafe { self.bin(class).limit = 0 };
         }
         self.state.set(STATE_DEAD);
-        self.counters.move_into(&ORPHANS);
+        self.move_counts_to_orphans();
         let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
         // SAFETY: neighbours are registered caches, valid under the registry lock.
         unsafe {
@@ -453,7 +488,7 @@ pub(crate) fn front_totals() -> FrontTotals {
     while !tc.is_null() {
         // SAFETY: registered caches are valid while the registry lock is held.
         unsafe {
-            (*tc).counters.add_to(&mut totals);
+            (*tc).add_counts_to(&mut totals);
             tc = (*tc).next.load(Relaxed);
         }
     }

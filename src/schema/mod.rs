@@ -1,4 +1,5 @@
-//! Schemas: the allocation algorithms, free of global state.
+//! Schemas: the allocation algorithms, free of global state (but for the thread pool's
+//! per-thread tables, which map each thread to its heap of each pool).
 //!
 //! HPHA draws memory from a [`PageSource`](crate::os::PageSource) (the OS, or plain memory
 //! in tests); the pools carve pages obtained from a [`PageParent`] (another allocator). Each

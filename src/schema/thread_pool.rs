@@ -45,7 +45,8 @@ pub use registry::SLOTS;
 ///
 /// Constructible in a `static` (no lazy heap: the shared state is allocated from the parent
 /// on first use), and usable from any thread at any time, including from thread-local
-/// destructors.
+/// destructors. Up to [`SLOTS`] thread pools can have per-thread heaps at once; pools beyond
+/// that (and threads whose thread-locals are gone) are served by a shared heap under a lock.
 ///
 /// ```
 /// use core::alloc::Layout;
@@ -253,13 +254,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         // ends before the next is taken and before the parent is called.
         unsafe {
             heap.drain_remote(core);
-            let epoch = core.gc_epoch.load(Relaxed);
-            if heap.local().seen_epoch != epoch {
-                heap.local().seen_epoch = epoch;
-                self.release_heap_empties(core, heap);
-            } else if heap.local().pages.empty_count() > LOCAL_EMPTY_PAGES {
-                heap.spill_empty(&mut core.lock.lock(), LOCAL_EMPTY_PAGES);
-            }
+            self.page_emptied(core, heap);
             let slot = heap.local().pages.allocate(class);
             if !slot.is_null() {
                 return Some(slot);
@@ -280,6 +275,26 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 heap as *const ThreadHeap as *const u8,
             );
             Some(local.pages.allocate(class))
+        }
+    }
+
+    /// After the heap may have gained empty pages (a local free emptied one, or remote frees
+    /// were taken back): honour a pending collection, or share the empty pages beyond the few
+    /// the heap keeps, so that other threads can use them and collections can return them.
+    ///
+    /// # Safety
+    /// The caller must be the heap's user, with no borrow of its local state live.
+    #[cold]
+    unsafe fn page_emptied(&self, core: &Core, heap: &ThreadHeap) {
+        // SAFETY: forwarded from the caller; each borrow ends before the next.
+        unsafe {
+            let epoch = core.gc_epoch.load(Relaxed);
+            if heap.local().seen_epoch != epoch {
+                heap.local().seen_epoch = epoch;
+                self.release_heap_empties(core, heap);
+            } else if heap.local().pages.empty_count() > LOCAL_EMPTY_PAGES {
+                heap.spill_empty(&mut core.lock.lock(), LOCAL_EMPTY_PAGES);
+            }
         }
     }
 
@@ -420,6 +435,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 if local.pages.free(page, slot, &self.config) {
                     local.pages.push_empty(page);
                     core.free_pages.fetch_add(1, Relaxed);
+                    self.page_emptied(core, heap);
                 }
             } else {
                 (*owner.cast::<ThreadHeap>()).push_remote(slot);
@@ -591,7 +607,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 frees += h.counters.frees.load(Relaxed);
             }
             let shared_free = shared.free.validate()?;
-            if live_slots - waiting != (allocations - frees) as usize {
+            if live_slots.checked_sub(waiting) != Some(allocations.wrapping_sub(frees) as usize) {
                 return Err("live slots (less remote frees) differ from the block count");
             }
             if pages + shared_free != core.pages.load(Relaxed) {

@@ -33,6 +33,9 @@ const CLEAN: usize = 2;
 const DIRECT: usize = 4;
 const FLAGS: usize = 15;
 
+/// The transparent huge page size chunks are aligned to when they ask for huge pages.
+const HUGE_PAGE: usize = 2 * 1024 * 1024;
+
 /// Smallest payload of a large block: room for a tree node.
 pub(crate) const MIN_PAYLOAD: usize = NODE_SIZE;
 /// Smallest remainder worth splitting off as a free block.
@@ -292,9 +295,17 @@ impl LargeState {
             return false;
         };
         let len = need.max(CHUNK_SIZE);
-        let base = source.map(len, granule, 0);
+        // Once this side maps 8 MiB, chunks are aligned for transparent huge pages (as
+        // small-block segments are), which cuts TLB misses in programs with large heaps.
+        let huge = super::small::huge_pages_wanted(self.chunk_bytes);
+        let align = if huge { HUGE_PAGE } else { granule };
+        let base = source.map(len, align, 0);
         if base.is_null() {
             return false;
+        }
+        if huge {
+            // SAFETY: `base` is the mapping of `len` bytes just made.
+            unsafe { source.hint_huge_pages(base, len) };
         }
         // SAFETY: `base` is a fresh zeroed mapping of `len` bytes; all headers written lie
         // inside it.

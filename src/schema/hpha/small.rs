@@ -32,6 +32,13 @@ const PAGES_PER_SEGMENT: usize = SEGMENT_SIZE / PAGE_SIZE;
 /// `usize::MAX` turns huge pages off.
 pub(crate) static HUGE_PAGES_FROM_SEGMENT: AtomicUsize = AtomicUsize::new(4);
 
+/// Whether the next mapping of a side of the heap that already maps `bytes_before` should
+/// ask for huge pages (the threshold is [`HUGE_PAGES_FROM_SEGMENT`] segments' worth).
+pub(crate) fn huge_pages_wanted(bytes_before: usize) -> bool {
+    let from = HUGE_PAGES_FROM_SEGMENT.load(Relaxed);
+    from != usize::MAX && bytes_before >= from.saturating_mul(SEGMENT_SIZE)
+}
+
 /// Whether double frees and foreign frees of small blocks are checked with a bitmap.
 pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
 /// Words of the per-page "slot is live" bitmap (one bit per slot of the smallest class).
@@ -247,8 +254,7 @@ impl PagePool {
                 if seg.is_null() {
                     return null_mut();
                 }
-                let huge_from = HUGE_PAGES_FROM_SEGMENT.load(Relaxed);
-                if huge_from != usize::MAX && self.segment_count >= huge_from {
+                if huge_pages_wanted(self.segment_count * SEGMENT_SIZE) {
                     source.hint_huge_pages(seg.cast(), SEGMENT_SIZE);
                 }
                 // Fresh mappings read as zero, so only the non-zero fields need writing.

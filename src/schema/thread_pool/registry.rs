@@ -8,7 +8,10 @@
 //! dropped schema whose slot was since given to another.
 //!
 //! The table is const-initialised (no lazy heap) and has a destructor, registered by the
-//! standard library on first use, that abandons the thread's heaps. It runs with the slot
+//! standard library on first use, that abandons the thread's heaps. (On glibc the standard
+//! library registers it with `__cxa_thread_atexit_impl`, which uses the C heap, not the Rust
+//! global allocator, so first use from inside a global allocator does not recurse. On targets
+//! without that call std keeps its own list of destructors in a `Vec`.) It runs with the slot
 //! lock held and only for schemas still alive, so a schema being dropped on another thread
 //! (which releases its slot under the same lock first) is never touched. After the table is
 //! destroyed, lookups answer [`Lookup::Gone`] and the schema falls back to its locked heap.

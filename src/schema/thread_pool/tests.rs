@@ -305,3 +305,29 @@ fn miri_garbage_collect_while_other_threads_allocate() {
     assert_eq!(pool.stats().pages, 0);
     pool.validate().unwrap();
 }
+
+#[test]
+fn miri_empty_pages_of_one_thread_serve_another() {
+    let mut pool = ThreadPoolSchema::with_config(System, PoolConfig::new(1024, 64, 256).unwrap());
+    let l = layout(256, 8);
+    // Three 256-byte blocks per 1 KiB page: 24 blocks fill 8 pages.
+    let blocks: Vec<_> = (0..24).map(|i| alloc(&pool, l, i)).collect();
+    let pages = pool.stats().pages;
+    assert_eq!(pages, 8);
+    blocks.into_iter().for_each(|b| free(&pool, b));
+    // The heap keeps its class's last page and a couple of empty ones; the rest are shared.
+    let st = pool.stats();
+    assert_eq!(st.free_pages, pages - 1);
+    std::thread::scope(|s| {
+        let pool = &pool;
+        s.spawn(move || {
+            let mine: Vec<_> = (0..12).map(|i| alloc(pool, layout(64, 8), i)).collect();
+            mine.into_iter().for_each(|b| free(pool, b));
+        })
+        .join()
+        .unwrap();
+    });
+    // The other thread used shared pages instead of asking the parent.
+    assert_eq!(pool.stats().pages, pages);
+    assert_all_freed(&mut pool, 36);
+}

@@ -87,6 +87,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .map(|n| {
                         allocator::ALL
                             .iter()
+                            .chain(&allocator::EXTRA)
                             .copied()
                             .find(|a| *a == n)
                             .ok_or_else(|| format!("unknown allocator {n:?}"))
