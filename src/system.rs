@@ -181,9 +181,15 @@ unsafe impl GlobalAlloc for SystemAllocator {
     }
 }
 
-/// Allocation off the fast path: with records, or not a small request.
+/// Allocation off the fast path: with records, or not a small request. A small request
+/// that sampling skips still takes the thread cache from here.
 #[inline(never)]
 fn alloc_slow(layout: Layout) -> *mut u8 {
+    if let Some(class) = small_fast_class(layout) {
+        if records::global::alloc_fast(layout.size()) {
+            return thread_cache::allocate(class);
+        }
+    }
     if records::global::alloc_hooked() {
         // SAFETY: `alloc_plain` is this allocation without records.
         return unsafe { records::global::alloc(layout, alloc_plain) };
@@ -191,7 +197,8 @@ fn alloc_slow(layout: Layout) -> *mut u8 {
     alloc_any(layout)
 }
 
-/// Free off the fast path: with records, or not a small block.
+/// Free off the fast path: with records, or not a small block. A small block that is
+/// certainly not sampled still goes to the thread cache from here.
 ///
 /// # Safety
 /// As for [`dealloc_plain`].
@@ -199,6 +206,11 @@ fn alloc_slow(layout: Layout) -> *mut u8 {
 unsafe fn dealloc_slow(ptr: *mut u8, layout: Layout) {
     // SAFETY: forwarded from the caller.
     unsafe {
+        if let Some(class) = small_fast_class(layout) {
+            if records::global::free_fast(ptr) {
+                return thread_cache::free(ptr, class);
+            }
+        }
         if records::global::free_hooked() {
             return records::global::dealloc(ptr, layout, dealloc_plain);
         }

@@ -93,7 +93,7 @@ fn os_thread_id() -> u32 {
     NEXT.fetch_add(1, Relaxed)
 }
 
-/// Runs `f` on this thread's sampler.
+/// Runs `f` on this thread's sampler. `f` must not call back into this module.
 #[inline]
 pub(crate) fn with_sampler<R>(f: impl FnOnce(&mut Sampler) -> R) -> R {
     // SAFETY: only this thread touches its sampler, and `f` (the sampler's own arithmetic)

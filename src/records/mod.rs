@@ -10,7 +10,7 @@
 //! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch per call |
 //! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a table insert and remove per block |
 //! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk per allocation |
-//! | [`Sample`](RecordMode::Sample) | one block per N bytes on average, weighted; with stacks | a thread-local countdown per allocation, a filter load per free |
+//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average, weighted; with stacks | a thread-local countdown per allocation, a filter load per free |
 //!
 //! Set a mode in code, on a handle (`Renderer.set_records(RecordMode::full())`) or on the
 //! `SystemAllocator` (`GLOBAL.set_records(..)`), or at start-up with the environment:
@@ -73,6 +73,7 @@ pub(crate) mod env;
 pub(crate) mod global;
 pub(crate) mod guard;
 mod heap;
+mod map;
 mod mode;
 mod sample;
 mod snapshot;
@@ -167,16 +168,30 @@ pub(crate) fn after_alloc(
     granted: usize,
 ) {
     let word = reg.records().word();
-    if word & ALLOC_HOOK != 0 {
+    if word & ALLOC_HOOK != 0 && !skip_sample(word, layout.size()) {
         record(reg, word, ptr.as_ptr() as usize, layout, granted);
     }
+}
+
+/// Whether an allocation of `size` bytes in an allocator that only samples is certainly
+/// not sampled (the thread's countdown, charged here; see [`sample`]).
+#[inline(always)]
+pub(crate) fn skip_sample(word: u64, size: usize) -> bool {
+    word & ALLOC_HOOK == KIND_SAMPLE && guard::with_sampler(|s| s.try_skip(word >> 16, size))
+}
+
+/// Whether a free in an allocator that only samples certainly has no record to remove (the
+/// filter of sampled addresses).
+#[inline(always)]
+pub(crate) fn skip_unsampled_free(word: u64, addr: usize) -> bool {
+    word & FREE_HOOK == TRACK_SAMPLED && !table::maybe_sampled(addr)
 }
 
 /// Before `ptr` is freed: removes its record.
 #[inline(always)]
 pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
     let word = reg.records().word();
-    if word & FREE_HOOK != 0 {
+    if word & FREE_HOOK != 0 && !skip_unsampled_free(word, ptr.as_ptr() as usize) {
         forget(reg, word, ptr.as_ptr() as usize);
     }
 }
@@ -250,7 +265,7 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
         KIND_SAMPLE => {
             let interval = word >> 16;
             let seed = || clock::ticks() ^ (u64::from(guard::thread_id()) << 32) ^ addr as u64;
-            match guard::with_sampler(|s| s.charge(interval, granted, seed)) {
+            match guard::with_sampler(|s| s.charge(interval, layout.size(), seed)) {
                 Some(weight) => (weight, true, frames),
                 None => return,
             }
@@ -277,6 +292,8 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
             stack,
             align_log2: layout.align().trailing_zeros() as u8,
             sampled,
+            timed: kind != KIND_BASIC,
+            site: 0,
         },
     );
 }

@@ -18,11 +18,12 @@
 //! allocator, so recording cannot deadlock with the allocator it records.
 
 use super::heap::Internal;
+use super::map::{AddrMap, hash_parts};
 use crate::sync::SpinLock;
 use allocator_api2::vec::Vec as IVec;
 use core::hash::{BuildHasher, Hasher};
 use core::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashTable};
 
 const SHARDS: usize = 64;
 
@@ -50,6 +51,25 @@ pub(crate) struct Rec {
     pub(crate) stack: u32,
     pub(crate) align_log2: u8,
     pub(crate) sampled: bool,
+    /// Whether its free is timed for the lifetime totals (records with stacks: reading the
+    /// clock on every free would cost basic records a third of their time).
+    pub(crate) timed: bool,
+    /// The record's site, as an index into its shard's totals (set by the table).
+    pub(crate) site: u32,
+}
+
+impl Rec {
+    /// The bytes this record stands for (its size, weighted when sampled).
+    #[inline(always)]
+    fn bytes(&self) -> f64 {
+        // Through i64: one conversion instruction instead of u64's several.
+        let size = self.size as i64 as f64;
+        if self.sampled {
+            self.weight * size
+        } else {
+            size
+        }
+    }
 }
 
 /// Totals for one call site (allocator and stack), in weighted blocks and bytes.
@@ -61,13 +81,15 @@ pub(crate) struct SiteStats {
     pub(crate) live_blocks: f64,
     pub(crate) max_bytes: f64,
     pub(crate) max_blocks: f64,
-    /// Summed lifetimes of the freed blocks, in ticks (weighted).
+    /// Summed lifetimes of the freed blocks, in ticks (weighted); only records with stacks
+    /// time their frees.
     pub(crate) freed_lifetime_ticks: f64,
 }
 
 impl SiteStats {
+    #[inline(always)]
     fn allocated(&mut self, rec: &Rec) {
-        let bytes = rec.weight * rec.size as f64;
+        let bytes = rec.bytes();
         self.total_bytes += bytes;
         self.total_blocks += rec.weight;
         self.live_bytes += bytes;
@@ -78,14 +100,17 @@ impl SiteStats {
         }
     }
 
-    fn freed(&mut self, rec: &Rec, now: u64) {
-        self.live_bytes -= rec.weight * rec.size as f64;
+    #[inline(always)]
+    fn freed(&mut self, rec: &Rec, now: impl FnOnce() -> u64) {
+        self.live_bytes -= rec.bytes();
         self.live_blocks -= rec.weight;
-        self.freed_lifetime_ticks += rec.weight * now.saturating_sub(rec.time) as f64;
+        if rec.timed {
+            self.freed_lifetime_ticks += rec.weight * now().saturating_sub(rec.time) as i64 as f64;
+        }
     }
 
     fn resized(&mut self, rec: &Rec, old_size: usize) {
-        let delta = rec.weight * (rec.size as f64 - old_size as f64);
+        let delta = rec.weight * (rec.size as i64 as f64 - old_size as i64 as f64);
         if delta > 0.0 {
             self.total_bytes += delta;
         }
@@ -165,24 +190,64 @@ impl BuildHasher for BuildFold {
 }
 
 pub(crate) struct Shard {
-    records: HashMap<Key, Rec, BuildFold, Internal>,
-    sites: HashMap<u64, SiteStats, BuildFold, Internal>,
+    records: AddrMap<Rec, Internal>,
+    /// Per-site totals of the records this shard saw, by site key.
+    sites: IVec<(u64, SiteStats), Internal>,
+    /// Positions in `sites`, by the hash of the site key.
+    site_index: HashTable<u32, Internal>,
+    /// The last site looked up (most programs record one site far more than others).
+    last_site: (u64, u32),
 }
 
 impl Shard {
     const fn new() -> Self {
         Self {
-            records: HashMap::with_hasher_in(BuildFold, Internal),
-            sites: HashMap::with_hasher_in(BuildFold, Internal),
+            records: AddrMap::new(Internal),
+            sites: IVec::new_in(Internal),
+            site_index: HashTable::new_in(Internal),
+            last_site: (u64::MAX, 0),
         }
     }
 
+    /// The position of `key`'s totals in `sites`, added if new; `None` when out of memory.
     #[inline]
-    fn site(&mut self, key: u64) -> Option<&mut SiteStats> {
+    fn site(&mut self, key: u64) -> Option<u32> {
+        if self.last_site.0 == key {
+            return Some(self.last_site.1);
+        }
+        let h = hash_word(key);
+        let sites = &self.sites;
+        let found = self
+            .site_index
+            .find(h, |&i| sites[i as usize].0 == key)
+            .copied();
+        let index = match found {
+            Some(i) => i,
+            None => self.add_site(key, h)?,
+        };
+        self.last_site = (key, index);
+        Some(index)
+    }
+
+    #[cold]
+    fn add_site(&mut self, key: u64, h: u64) -> Option<u32> {
         if self.sites.try_reserve(1).is_err() {
             return None;
         }
-        Some(self.sites.entry(key).or_default())
+        let sites = &self.sites;
+        if self
+            .site_index
+            .try_reserve(1, |&i| hash_word(sites[i as usize].0))
+            .is_err()
+        {
+            return None;
+        }
+        let index = self.sites.len() as u32;
+        self.sites.push((key, SiteStats::default()));
+        let sites = &self.sites;
+        self.site_index
+            .insert_unique(h, index, |&i| hash_word(sites[i as usize].0));
+        Some(index)
     }
 }
 
@@ -197,13 +262,20 @@ static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Counters of sampled records by address hash; 255 sticks (never decremented again).
 static FILTER: [AtomicU8; 1 << 16] = [const { AtomicU8::new(0) }; 1 << 16];
 
-#[inline]
-fn shard_of(key: &Key) -> &'static SpinLock<Shard> {
-    let h = fold(
-        key.addr as u64 ^ u64::from(key.alloc).rotate_right(8),
-        0xD6E8_FEB8_6659_FD93,
-    );
-    &TABLE[(h >> 32) as usize % SHARDS].0
+#[inline(always)]
+fn hash_word(x: u64) -> u64 {
+    fold(x, 0x9E37_79B9_7F4A_7C15)
+}
+
+/// The hash of a key: its bits 32..38 pick the shard, the map uses the low bits.
+#[inline(always)]
+fn hash_key(key: &Key) -> u64 {
+    hash_parts(key.addr, key.alloc)
+}
+
+#[inline(always)]
+fn shard_for(hash: u64) -> &'static SpinLock<Shard> {
+    &TABLE[(hash >> 32) as usize % SHARDS].0
 }
 
 #[inline]
@@ -225,49 +297,44 @@ fn filter_remove(addr: usize) {
     let _ = filter_slot(addr).fetch_update(Relaxed, Relaxed, |n| (n != u8::MAX).then(|| n - 1));
 }
 
-/// Adds a record for a new block. A stale record at the same key (a free that was not
-/// seen) is counted as freed now and replaced.
-pub(crate) fn insert(key: Key, rec: Rec) {
+/// Adds a record for a new block. Its key must not be in the table: a block's record is
+/// removed before the block is freed, so a live key is never recorded twice.
+#[inline]
+pub(crate) fn insert(key: Key, mut rec: Rec) {
+    let h = hash_key(&key);
     if rec.sampled {
         filter_add(key.addr);
     }
-    let mut guard = shard_of(&key).lock();
+    let mut guard = shard_for(h).lock();
     let shard = &mut *guard;
-    if shard.records.try_reserve(1).is_err() {
+    let Some(site) = shard.site(site_key(key.alloc, rec.stack)) else {
         drop(guard);
-        if rec.sampled {
-            filter_remove(key.addr);
-        }
-        DROPPED.fetch_add(1, Relaxed);
-        return;
+        return insert_failed(key.addr, rec.sampled);
+    };
+    rec.site = site;
+    if !shard.records.insert(h, key.addr, key.alloc, rec) {
+        drop(guard);
+        return insert_failed(key.addr, rec.sampled);
     }
-    let stale = shard.records.insert(key, rec);
-    if let Some(old) = stale {
-        if let Some(site) = shard.site(site_key(key.alloc, old.stack)) {
-            site.freed(&old, rec.time);
-        }
+    shard.sites[site as usize].1.allocated(&rec);
+}
+
+#[cold]
+fn insert_failed(addr: usize, sampled: bool) {
+    if sampled {
+        filter_remove(addr);
     }
-    if let Some(site) = shard.site(site_key(key.alloc, rec.stack)) {
-        site.allocated(&rec);
-    }
-    drop(guard);
-    if let Some(old) = stale {
-        if old.sampled {
-            filter_remove(key.addr);
-        }
-    }
+    DROPPED.fetch_add(1, Relaxed);
 }
 
 /// Removes the record of a freed block, if there is one; `now` is the tick count.
 #[inline]
 pub(crate) fn remove(key: Key, now: impl FnOnce() -> u64) -> Option<Rec> {
-    let mut guard = shard_of(&key).lock();
+    let h = hash_key(&key);
+    let mut guard = shard_for(h).lock();
     let shard = &mut *guard;
-    let rec = shard.records.remove(&key)?;
-    let now = now();
-    if let Some(site) = shard.site(site_key(key.alloc, rec.stack)) {
-        site.freed(&rec, now);
-    }
+    let rec = shard.records.remove(h, key.addr, key.alloc)?;
+    shard.sites[rec.site as usize].1.freed(&rec, now);
     drop(guard);
     if rec.sampled {
         filter_remove(key.addr);
@@ -277,7 +344,8 @@ pub(crate) fn remove(key: Key, now: impl FnOnce() -> u64) -> Option<Rec> {
 
 /// Takes a record out for a realloc, without counting a free (see [`put_resized`]).
 pub(crate) fn take(key: Key) -> Option<Rec> {
-    let rec = shard_of(&key).lock().records.remove(&key)?;
+    let h = hash_key(&key);
+    let rec = shard_for(h).lock().records.remove(h, key.addr, key.alloc)?;
     if rec.sampled {
         filter_remove(key.addr);
     }
@@ -286,24 +354,23 @@ pub(crate) fn take(key: Key) -> Option<Rec> {
 
 /// Puts back a record taken with [`take`], at its block's new key and size
 /// (`old_size` is the granted size it had), counting the change in its site.
-pub(crate) fn put_resized(key: Key, rec: Rec, old_size: usize) {
+pub(crate) fn put_resized(key: Key, mut rec: Rec, old_size: usize) {
+    let h = hash_key(&key);
     if rec.sampled {
         filter_add(key.addr);
     }
-    let mut guard = shard_of(&key).lock();
+    let mut guard = shard_for(h).lock();
     let shard = &mut *guard;
-    if shard.records.try_reserve(1).is_err() {
+    let Some(site) = shard.site(site_key(key.alloc, rec.stack)) else {
         drop(guard);
-        if rec.sampled {
-            filter_remove(key.addr);
-        }
-        DROPPED.fetch_add(1, Relaxed);
-        return;
+        return insert_failed(key.addr, rec.sampled);
+    };
+    rec.site = site;
+    if !shard.records.insert(h, key.addr, key.alloc, rec) {
+        drop(guard);
+        return insert_failed(key.addr, rec.sampled);
     }
-    shard.records.insert(key, rec);
-    if let Some(site) = shard.site(site_key(key.alloc, rec.stack)) {
-        site.resized(&rec, old_size);
-    }
+    shard.sites[site as usize].1.resized(&rec, old_size);
 }
 
 /// Records dropped so far for lack of memory.
@@ -335,9 +402,14 @@ pub(crate) fn copy() -> Copy {
             out.incomplete = true;
             continue;
         }
-        out.records
-            .extend(shard.records.iter().map(|(k, r)| (*k, *r)));
-        for (k, s) in &shard.sites {
+        out.records.extend(shard.records.iter().map(|e| {
+            let key = Key {
+                addr: e.addr,
+                alloc: e.alloc,
+            };
+            (key, e.value)
+        }));
+        for (k, s) in shard.sites.iter() {
             out.sites.entry(*k).or_default().merge(s);
         }
     }
@@ -354,11 +426,11 @@ pub(crate) fn totals_of(alloc: u32) -> (usize, usize, usize) {
     let mut totals = (0, 0, 0);
     for padded in &TABLE {
         let shard = padded.0.lock();
-        for (key, rec) in shard.records.iter() {
-            if key.alloc == alloc {
+        for e in shard.records.iter() {
+            if e.alloc == alloc {
                 totals.0 += 1;
-                totals.1 += rec.size;
-                totals.2 += rec.requested;
+                totals.1 += e.value.size;
+                totals.2 += e.value.requested;
             }
         }
     }
@@ -401,6 +473,8 @@ mod tests {
             stack,
             align_log2: 3,
             sampled: weight != 1.0,
+            timed: true,
+            site: 0,
         }
     }
 
@@ -411,7 +485,7 @@ mod tests {
         let b = rec(50, 1.0, 1, 20);
         s.allocated(&a);
         s.allocated(&b);
-        s.freed(&a, 110);
+        s.freed(&a, || 110);
         let mut b2 = b;
         b2.size = 80;
         s.resized(&b2, 50);
@@ -435,7 +509,7 @@ mod tests {
                 addr: 0x7f00_0000_0000 + i * 64,
                 alloc: 1,
             };
-            let s = shard_of(&key) as *const _ as usize;
+            let s = shard_for(hash_key(&key)) as *const _ as usize;
             let index = TABLE
                 .iter()
                 .position(|p| &p.0 as *const _ as usize == s)
@@ -471,9 +545,7 @@ mod tests {
         let alloc = 0xFFFF_0001;
         let k = |addr| Key { addr, alloc };
         insert(k(0x1000), rec(64, 1.0, 7, 5));
-        insert(k(0x2000), rec(32, 1.0, 7, 6));
-        // A stale record at the same key is replaced.
-        insert(k(0x2000), rec(48, 1.0, 7, 9));
+        insert(k(0x2000), rec(48, 1.0, 7, 6));
         let moved = take(k(0x1000)).unwrap();
         let mut grown = moved;
         grown.size = 128;
@@ -492,7 +564,7 @@ mod tests {
         let site = copy.sites[&site_key(alloc, 7)];
         assert_eq!(site.live_bytes, 176.0);
         assert_eq!(site.live_blocks, 2.0);
-        assert_eq!(site.total_blocks, 3.0);
+        assert_eq!(site.total_blocks, 2.0);
         assert!(remove(k(0x2000), || 10).is_some());
         assert!(remove(k(0x3000), || 10).is_some());
         assert_eq!(
