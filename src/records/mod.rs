@@ -247,17 +247,12 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
         word = settle_env(reg);
     }
     let kind = word & KIND_MASK;
-    if kind == 0 {
-        return;
+    if kind == 0 || guard::is_busy() {
+        return; // off, or an allocation made while this thread records or reports
     }
-    let Some(_busy) = guard::Busy::try_enter() else {
-        return; // an allocation made while recording or reporting
-    };
     let Some(index) = reg.index() else {
         return;
     };
-    let marker = 0u8;
-    let boundary = core::hint::black_box(core::ptr::addr_of!(marker)) as usize;
     let frames = (word >> 8) as u8;
     let (weight, sampled, frames) = match kind {
         KIND_BASIC => (1.0, false, 0),
@@ -272,12 +267,7 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
         }
         _ => return,
     };
-    let stack = if frames > 0 {
-        let captured = stack::capture(frames, boundary);
-        stack::intern(&captured.ips[..captured.len], frames)
-    } else {
-        0
-    };
+    let stack = if frames > 0 { capture_stack(frames) } else { 0 };
     table::insert(
         Key {
             addr,
@@ -296,6 +286,20 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
             site: 0,
         },
     );
+}
+
+/// Captures and interns the caller's stack, with the guard set (the unwinder allocates
+/// nothing through Rust's allocator, but an allocation made meanwhile would pass
+/// unrecorded rather than recurse).
+#[inline(never)]
+fn capture_stack(frames: u8) -> u32 {
+    let Some(_busy) = guard::Busy::try_enter() else {
+        return 0;
+    };
+    let marker = 0u8;
+    let boundary = core::hint::black_box(core::ptr::addr_of!(marker)) as usize;
+    let captured = stack::capture(frames, boundary);
+    stack::intern(&captured.ips[..captured.len], frames)
 }
 
 /// Whether a free in an allocator with settings `word` must look `addr` up.
