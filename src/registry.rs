@@ -301,7 +301,7 @@ impl Registration {
         &self.records
     }
 
-    /// What this allocator records (see [`records`](crate::records)).
+    /// What this allocator records (see [`records`]).
     pub fn record_mode(&self) -> RecordMode {
         self.records.mode()
     }

@@ -181,24 +181,29 @@ unsafe impl GlobalAlloc for SystemAllocator {
     }
 }
 
-/// Allocation off the fast path: with records, or not a small request. A small request
-/// that sampling skips still takes the thread cache from here.
+/// Allocation off the fast path: not a small request, or records on.
 #[inline(never)]
 fn alloc_slow(layout: Layout) -> *mut u8 {
+    if records::global::alloc_hooked() {
+        return alloc_with_records(layout);
+    }
+    alloc_any(layout)
+}
+
+/// Allocation with records on. A small request that sampling skips still takes the thread
+/// cache from here.
+#[inline(never)]
+fn alloc_with_records(layout: Layout) -> *mut u8 {
     if let Some(class) = small_fast_class(layout) {
         if records::global::alloc_fast(layout.size()) {
             return thread_cache::allocate(class);
         }
     }
-    if records::global::alloc_hooked() {
-        // SAFETY: `alloc_plain` is this allocation without records.
-        return unsafe { records::global::alloc(layout, alloc_plain) };
-    }
-    alloc_any(layout)
+    // SAFETY: `alloc_plain` is this allocation without records.
+    unsafe { records::global::alloc(layout, alloc_plain) }
 }
 
-/// Free off the fast path: with records, or not a small block. A small block that is
-/// certainly not sampled still goes to the thread cache from here.
+/// Free off the fast path: not a small block, or records on.
 ///
 /// # Safety
 /// As for [`dealloc_plain`].
@@ -206,15 +211,28 @@ fn alloc_slow(layout: Layout) -> *mut u8 {
 unsafe fn dealloc_slow(ptr: *mut u8, layout: Layout) {
     // SAFETY: forwarded from the caller.
     unsafe {
+        if records::global::free_hooked() {
+            return dealloc_with_records(ptr, layout);
+        }
+        dealloc_any(ptr, layout)
+    }
+}
+
+/// Free with records on. A small block that is certainly not sampled still goes to the
+/// thread cache from here.
+///
+/// # Safety
+/// As for [`dealloc_plain`].
+#[inline(never)]
+unsafe fn dealloc_with_records(ptr: *mut u8, layout: Layout) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
         if let Some(class) = small_fast_class(layout) {
             if records::global::free_fast(ptr) {
                 return thread_cache::free(ptr, class);
             }
         }
-        if records::global::free_hooked() {
-            return records::global::dealloc(ptr, layout, dealloc_plain);
-        }
-        dealloc_any(ptr, layout)
+        records::global::dealloc(ptr, layout, dealloc_plain)
     }
 }
 
