@@ -6,7 +6,7 @@
 
 use crate::records;
 use crate::schema::HphaStats;
-use crate::schema::hpha::size_class::class_for;
+use crate::schema::hpha::size_class::{CLASS_BY_UNITS, MAX_SMALL, class_for};
 use crate::thread_cache::{self, HEAP};
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
@@ -328,11 +328,13 @@ unsafe fn realloc_plain(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u
     new
 }
 
-/// The class of the most common requests (≤ 512 bytes, alignment ≤ 8), computed in three
-/// instructions; `None` sends the request down the general path.
+/// The class of the most common requests (small blocks at alignment ≤ 8): one table load;
+/// `None` sends the request down the general path.
 #[inline(always)]
 fn small_fast_class(layout: Layout) -> Option<usize> {
-    (layout.size() <= 512 && layout.align() <= 8).then(|| layout.size().saturating_sub(1) >> 3)
+    // Every class is a multiple of 8, so alignments up to 8 need no rounding.
+    (layout.size() <= MAX_SMALL && layout.align() <= 8)
+        .then(|| CLASS_BY_UNITS[layout.size().div_ceil(8)] as usize)
 }
 
 /// Allocation for any layout; kept out of line so the fast path needs no stack frame.

@@ -33,9 +33,6 @@ const CLEAN: usize = 2;
 const DIRECT: usize = 4;
 const FLAGS: usize = 15;
 
-/// The transparent huge page size chunks are aligned to when they ask for huge pages.
-const HUGE_PAGE: usize = 2 * 1024 * 1024;
-
 /// Smallest payload of a large block: room for a tree node.
 pub(crate) const MIN_PAYLOAD: usize = NODE_SIZE;
 /// Smallest remainder worth splitting off as a free block.
@@ -49,9 +46,11 @@ pub const DIRECT_THRESHOLD: usize = 16 * 1024 * 1024;
 pub const GROW_DIRECT_MIN: usize = 1024 * 1024;
 /// Alignments above this get a mapping of their own.
 pub const MAX_TREE_ALIGN: usize = 64 * 1024;
-/// Bytes of empty chunks kept mapped (until the purge delay passes) to avoid map/unmap
-/// churn; a chunk that would exceed this is unmapped at once.
-const RETAIN_EMPTY_BYTES: usize = 64 * 1024 * 1024;
+/// Bytes of empty chunks kept mapped until the purge delay passes, to avoid map/unmap churn
+/// (and the page faults of fresh memory) in programs that free and reallocate big batches;
+/// a chunk that would exceed this is unmapped at once. The purge delay, not this bound, is
+/// what normally returns them.
+const RETAIN_EMPTY_BYTES: usize = 1024 * 1024 * 1024;
 /// Free blocks at least this large have their pages returned by `garbage_collect`.
 const PURGE_MIN: usize = 64 * 1024;
 /// Candidates examined in size order before an aligned request falls back to a block that
@@ -295,17 +294,12 @@ impl LargeState {
             return false;
         };
         let len = need.max(CHUNK_SIZE);
-        // Once this side maps 8 MiB, chunks are aligned for transparent huge pages (as
-        // small-block segments are), which cuts TLB misses in programs with large heaps.
-        let huge = super::small::huge_pages_wanted(self.chunk_bytes);
-        let align = if huge { HUGE_PAGE } else { granule };
-        let base = source.map(len, align, 0);
+        // Chunks keep small pages: large blocks are mostly walked in order (little to gain
+        // from huge pages), and a sparsely touched block would cost 2 MiB of zeroing and RSS
+        // per huge page.
+        let base = source.map(len, granule, 0);
         if base.is_null() {
             return false;
-        }
-        if huge {
-            // SAFETY: `base` is the mapping of `len` bytes just made.
-            unsafe { source.hint_huge_pages(base, len) };
         }
         // SAFETY: `base` is a fresh zeroed mapping of `len` bytes; all headers written lie
         // inside it.

@@ -43,6 +43,20 @@ pub(crate) const fn class_of(size: usize) -> usize {
     }
 }
 
+/// The class of every size in 8-byte units: `CLASS_BY_UNITS[(size + 7) / 8]` for sizes up to
+/// [`MAX_SMALL`]. One byte load replaces the branch between the linear and geometric regions
+/// on the allocation fast path.
+pub(crate) static CLASS_BY_UNITS: [u8; MAX_SMALL / 8 + 1] = {
+    let mut table = [0u8; MAX_SMALL / 8 + 1];
+    let mut units = 0;
+    while units <= MAX_SMALL / 8 {
+        table[units] = class_of(units * 8) as u8;
+        units += 1;
+    }
+    table
+};
+const _: () = assert!(CLASS_COUNT <= u8::MAX as usize);
+
 /// The class serving a request of `size` bytes at `align`, or `None` for the large heap.
 #[inline(always)]
 pub(crate) const fn class_for(size: usize, align: usize) -> Option<usize> {
@@ -86,6 +100,17 @@ mod tests {
                     "size {size} not in its smallest class"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_unit_table_agrees_with_the_computed_classes() {
+        for size in 0..=MAX_SMALL {
+            assert_eq!(
+                CLASS_BY_UNITS[size.div_ceil(8)] as usize,
+                class_of(size),
+                "{size}"
+            );
         }
     }
 
