@@ -9,6 +9,8 @@
 //! |---|---|---|
 //! | `TAGALLOC_PURGE_DELAY_MS` | milliseconds free memory stays mapped before it goes back to the OS; `0` = at once, `never` = only on `garbage_collect` | 1000 |
 //! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for small-block segments: `auto` (once the heap passes 8 MiB), `always`, `never` | `auto` |
+//! | `TAGALLOC_RECORDS` | allocation records per allocator, e.g. `Script Canvas=full,SystemAllocator=sample:512KiB` (syntax in [`records::config`](crate::records::config)) | all off |
+//! | `TAGALLOC_REPORT` | a path: the allocator table and the leak report are written there at exit | none |
 
 use crate::fatal::{StackText, write_stderr};
 use core::ffi::CStr;

@@ -201,8 +201,9 @@ pub unsafe fn global_realloc<B: BlockAllocator>(
 /// its parent's.
 ///
 /// The handle gets `Clone, Copy, Debug, Default, PartialEq, Eq, Hash`, the traits listed in
-/// the [module docs](crate::handle), and inherent methods `stats()`, `set_budget()` and
-/// `registration()` (pools also `config()` and `garbage_collect()`).
+/// the [module docs](crate::handle), and inherent methods `stats()`, `set_budget()`,
+/// `set_records()`, `record_mode()` and `registration()` (pools also `config()` and
+/// `garbage_collect()`).
 ///
 /// ```
 /// use allocator_api2::vec::Vec;

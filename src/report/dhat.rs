@@ -10,7 +10,8 @@
 //! What differs from `dhat-rs`: tagalloc does not stop the world to find the global peak,
 //! so `tg` is the end time and `gb`/`gbk` equal `eb`/`ebk`; `mb`/`mbk` are an upper bound
 //! (see [`CallSite::max_bytes`](crate::records::CallSite::max_bytes)); sampled sites carry
-//! estimates (weighted totals, rounded).
+//! estimates (weighted totals, rounded); basic records do not time their frees (it would
+//! cost them a third of their time), so their `tl` counts only the blocks still live.
 
 use super::json::string;
 use crate::records::RecordsSnapshot;
