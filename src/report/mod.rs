@@ -365,13 +365,41 @@ pub fn dump_call_sites(out: &mut dyn io::Write) -> io::Result<()> {
     resolved_snapshot().write_call_sites(out)
 }
 
-/// Writes the leak report now (what is still live, per allocator, by call site).
+/// Writes the leak report now (what is still live, per allocator, by call site); the
+/// exit report ([`write_report_at_exit`], `TAGALLOC_REPORT`) ends with the same.
+///
+/// ```
+/// use tagalloc::{RecordMode, SystemAllocator};
+///
+/// tagalloc::allocator!(Cache: child of SystemAllocator, "Asset cache");
+/// Cache.set_records(RecordMode::Basic);
+/// std::mem::forget(allocator_api2::boxed::Box::new_in([0u64; 16], Cache));
+///
+/// let mut out = Vec::new();
+/// tagalloc::report::dump_leaks(&mut out).unwrap();
+/// let text = String::from_utf8(out).unwrap();
+/// assert!(text.contains("Cache: 128 B in 1 block at 1 call site"));
+/// ```
 pub fn dump_leaks(out: &mut dyn io::Write) -> io::Result<()> {
     let _busy = Busy::enter();
     resolved_snapshot().write_leaks(out)
 }
 
 /// A DHAT heap profile of the records (see [`RecordsSnapshot::to_dhat_json`]).
+///
+/// ```
+/// use tagalloc::{RecordMode, SystemAllocator};
+///
+/// tagalloc::allocator!(Physics: child of SystemAllocator, "Physics");
+/// Physics.set_records(RecordMode::full());
+/// let bodies = allocator_api2::vec::Vec::<[f32; 4], Physics>::with_capacity_in(64, Physics);
+///
+/// let profile = tagalloc::report::dhat_profile();
+/// // Save it as dhat-heap.json and open it in DHAT's viewer.
+/// assert!(profile.starts_with("{\"dhatFileVersion\":2,\"mode\":\"rust-heap\""));
+/// assert!(profile.contains("[allocator Physics]"));
+/// # drop(bodies);
+/// ```
 pub fn dhat_profile() -> String {
     let _busy = Busy::enter();
     resolved_snapshot().to_dhat_json()
