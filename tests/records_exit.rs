@@ -78,6 +78,7 @@ fn child_entry_point() {
             load_level_and_forget_to_free_it();
         }
         "busy" => threads_allocate_while_reports_are_written(),
+        "fork" => fork_while_threads_record(),
         other => panic!("unknown case {other}"),
     }
 }
@@ -115,6 +116,60 @@ fn threads_allocate_while_reports_are_written() {
         assert_eq!(w.join().unwrap(), 100);
     }
     println!("busy: done");
+}
+
+/// `fork()` while other threads record: the child (only the forking thread survives) must
+/// find every records lock free, allocate with records, and take a snapshot.
+fn fork_while_threads_record() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static STOP: AtomicBool = AtomicBool::new(false);
+    let workers: Vec<_> = (0..2)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut kept: Vec<Vec<u8>> = Vec::new();
+                let mut i = 0usize;
+                while !STOP.load(Ordering::Relaxed) {
+                    kept.push(vec![t as u8; 1 + (i * 97) % 5000]);
+                    if kept.len() > 50 {
+                        kept.drain(..25);
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    for _ in 0..30 {
+        // SAFETY: fork has no preconditions; the child allocates, reads records and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: a deadlocked child is killed instead of hanging the test.
+            unsafe { libc::alarm(20) };
+            let v: Vec<String> = (0..500).map(|i| format!("child {i}")).collect();
+            let snapshot = tagalloc::records::snapshot();
+            let ok = v.len() == 500 && snapshot.records_of("SystemAllocator").count() > 500;
+            // SAFETY: `_exit` ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: `pid` is our child; `status` is writable.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "forked child failed: status {status}"
+        );
+    }
+    STOP.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    println!("fork: done");
+}
+
+#[test]
+fn fork_while_other_threads_record_leaves_the_child_usable() {
+    let out = run_child("fork", "SystemAllocator=full:4", None);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("fork: done"));
 }
 
 #[test]
