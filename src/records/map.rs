@@ -9,6 +9,7 @@
 
 use allocator_api2::alloc::Allocator;
 use core::alloc::Layout;
+use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 
 /// The hash of a key: a multiply-fold, good in the low bits (the slot) and in bits 32..38
@@ -20,7 +21,7 @@ pub(crate) fn hash_parts(addr: usize, alloc: u32) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
-/// One slot: `addr == 0` means empty (no block lives at address 0).
+/// One entry, as [`AddrMap::iter`] yields it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Slot<V> {
     pub(crate) addr: usize,
@@ -28,9 +29,18 @@ pub(crate) struct Slot<V> {
     pub(crate) value: V,
 }
 
+/// One slot as stored: `addr == 0` means empty (no block lives at address 0), and then
+/// `value` is uninitialised.
+#[derive(Clone, Copy)]
+struct Raw<V: Copy> {
+    addr: usize,
+    alloc: u32,
+    value: MaybeUninit<V>,
+}
+
 /// An open-addressing map from (non-zero address, allocator index) to `V`.
 pub(crate) struct AddrMap<V: Copy, A: Allocator> {
-    slots: NonNull<Slot<V>>,
+    slots: NonNull<Raw<V>>,
     /// Capacity − 1 (capacity is a power of two, or 0 with nothing allocated).
     mask: usize,
     len: usize,
@@ -66,7 +76,7 @@ impl<V: Copy, A: Allocator> AddrMap<V, A> {
     }
 
     #[inline(always)]
-    fn slot(&self, i: usize) -> *mut Slot<V> {
+    fn slot(&self, i: usize) -> *mut Raw<V> {
         // SAFETY: callers pass `i <= mask` with a capacity > 0, inside the allocation.
         unsafe { self.slots.as_ptr().add(i) }
     }
@@ -82,10 +92,14 @@ impl<V: Copy, A: Allocator> AddrMap<V, A> {
         let mut i = hash as usize & self.mask;
         loop {
             let slot = self.slot(i);
-            // SAFETY: `i <= mask`; slots are initialised (empty ones have `addr == 0`).
+            // SAFETY: `i <= mask`; every slot's `addr` and `alloc` are initialised.
             unsafe {
                 if (*slot).addr == 0 {
-                    slot.write(Slot { addr, alloc, value });
+                    slot.write(Raw {
+                        addr,
+                        alloc,
+                        value: MaybeUninit::new(value),
+                    });
                     self.len += 1;
                     return true;
                 }
@@ -102,10 +116,11 @@ impl<V: Copy, A: Allocator> AddrMap<V, A> {
         }
         let mut i = hash as usize & self.mask;
         // SAFETY: every index is masked into the allocation; the map is never full (it grows
-        // at 5/8), so the probe meets an empty slot.
+        // at 5/8), so the probe meets an empty slot. Slots are copied whole (their value is
+        // a `MaybeUninit`) and a value is read only from an occupied slot.
         unsafe {
             loop {
-                let s = &*self.slot(i);
+                let s = *self.slot(i);
                 if s.addr == addr && s.alloc == alloc {
                     break;
                 }
@@ -114,7 +129,7 @@ impl<V: Copy, A: Allocator> AddrMap<V, A> {
                 }
                 i = (i + 1) & self.mask;
             }
-            let value = (*self.slot(i)).value;
+            let value = (*self.slot(i)).value.assume_init();
             // Backward shift: move later entries of the cluster into the hole when their
             // home slot allows it, so no tombstone is needed.
             let mut hole = i;
@@ -149,17 +164,21 @@ impl<V: Copy, A: Allocator> AddrMap<V, A> {
     fn grow(&mut self) -> bool {
         let old_cap = self.capacity();
         let new_cap = if old_cap == 0 { 16 } else { old_cap * 2 };
-        let Ok(layout) = Layout::array::<Slot<V>>(new_cap) else {
+        let Ok(layout) = Layout::array::<Raw<V>>(new_cap) else {
             return false;
         };
         let Ok(block) = self.alloc.allocate(layout) else {
             return false;
         };
-        let new: NonNull<Slot<V>> = block.cast();
-        // SAFETY: the new block holds `new_cap` slots; marking each empty initialises it.
+        let new: NonNull<Raw<V>> = block.cast();
+        // SAFETY: the new block holds `new_cap` slots; each is written empty.
         unsafe {
             for k in 0..new_cap {
-                core::ptr::addr_of_mut!((*new.as_ptr().add(k)).addr).write(0);
+                new.as_ptr().add(k).write(Raw {
+                    addr: 0,
+                    alloc: 0,
+                    value: MaybeUninit::uninit(),
+                });
             }
         }
         let old = self.slots;
@@ -179,7 +198,7 @@ impl<V: Copy, A: Allocator> AddrMap<V, A> {
                         self.slot(i).write(s);
                     }
                 }
-                let old_layout = Layout::array::<Slot<V>>(old_cap).unwrap_unchecked();
+                let old_layout = Layout::array::<Raw<V>>(old_cap).unwrap_unchecked();
                 self.alloc.deallocate(old.cast(), old_layout);
             }
         }
@@ -188,10 +207,16 @@ impl<V: Copy, A: Allocator> AddrMap<V, A> {
 
     /// Every entry, in slot order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = Slot<V>> + '_ {
-        (0..self.capacity())
-            // SAFETY: indices below the capacity, slots initialised.
-            .map(|i| unsafe { *self.slot(i) })
-            .filter(|s| s.addr != 0)
+        (0..self.capacity()).filter_map(|i| {
+            // SAFETY: indices below the capacity; a value is read only from an occupied slot.
+            let raw = unsafe { *self.slot(i) };
+            (raw.addr != 0).then(|| Slot {
+                addr: raw.addr,
+                alloc: raw.alloc,
+                // SAFETY: occupied slots hold an initialised value.
+                value: unsafe { raw.value.assume_init() },
+            })
+        })
     }
 }
 
@@ -201,7 +226,7 @@ impl<V: Copy, A: Allocator> Drop for AddrMap<V, A> {
         if cap > 0 {
             // SAFETY: the block was allocated with this layout and is freed once.
             unsafe {
-                let layout = Layout::array::<Slot<V>>(cap).unwrap_unchecked();
+                let layout = Layout::array::<Raw<V>>(cap).unwrap_unchecked();
                 self.alloc.deallocate(self.slots.cast(), layout);
             }
         }
