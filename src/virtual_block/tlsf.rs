@@ -17,7 +17,7 @@
 //! Nothing here knows about handles or user data: a taken node only records an owner number
 //! that the block above interprets.
 
-use super::Strategy;
+use super::{Record, Strategy};
 
 /// "No node" in links.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -35,22 +35,31 @@ pub(crate) const BEST_FIT_BUDGET: usize = 64;
 pub(crate) enum NodeKind {
     /// A free range, linked into a size list.
     Free,
-    /// A live allocation; the number is the block's slot index.
-    Used(u32),
+    /// A live allocation. The node index is the allocation's identity; `meta` is the block's
+    /// packed per-allocation data (below 2^29) and `generation` tells this allocation from
+    /// earlier ones that had the same node.
+    Used { meta: u32, generation: u32 },
     /// The destination of a pending defragmentation move; the number is the move's index.
     Reserved(u32),
     /// Not part of the block: waiting in the arena for reuse.
     Vacant,
 }
 
-/// `prev_free` of a node that is not free says what it is instead (VMA encodes "taken" in the
-/// same field); `next_free` then holds the owner number or the next vacant node. Node indices
-/// stay below these values, so a node is 32 bytes: two per cache line.
-const VACANT: u32 = u32::MAX - 3;
-const RESERVED: u32 = u32::MAX - 2;
-const USED: u32 = u32::MAX - 1;
-/// Nodes an arena may hold (indices below the markers above).
-pub(crate) const MAX_NODES: usize = VACANT as usize;
+/// `prev_free` of a node that is not free holds a word with this bit set (node indices stay
+/// below it, and NIL, the free "no previous node", is the only larger value with all bits
+/// set). Bits 29 and 30 give the kind; the 29 bits below carry an allocation's meta. The
+/// node's `next_free` then holds the generation, the move index or the next vacant node.
+/// This keeps a node at 32 bytes, two per cache line, with everything `free` needs to check
+/// a handle and release its range on one line.
+const TAKEN: u32 = 1 << 31;
+const VACANT: u32 = TAKEN;
+const RESERVED: u32 = TAKEN | 1 << 29;
+const USED: u32 = TAKEN | 2 << 29;
+const KIND_MASK: u32 = TAKEN | 3 << 29;
+/// The bits of a used node's word that hold its meta.
+pub(crate) const META_MASK: u32 = (1 << 29) - 1;
+/// Nodes an arena may hold (indices below [`TAKEN`]).
+pub(crate) const MAX_NODES: usize = TAKEN as usize;
 
 #[derive(Clone, Debug)]
 #[repr(align(32))]
@@ -59,25 +68,32 @@ struct Node {
     size: u64,
     prev_phys: u32,
     next_phys: u32,
-    /// Free: the previous node of its list (or NIL). Otherwise `VACANT`, `RESERVED` or `USED`.
+    /// Free: the previous node of its list (or NIL). Otherwise a [`TAKEN`] word.
     prev_free: u32,
-    /// Free: the next node of its list. Otherwise the owner number or next vacant node.
+    /// Free: the next node of its list. Used: the generation. Reserved: the move index.
+    /// Vacant: the next vacant node.
     next_free: u32,
 }
 
 impl Node {
     #[inline]
     fn is_free(&self) -> bool {
-        !(VACANT..NIL).contains(&self.prev_free)
+        // Free links are below TAKEN or NIL; NIL + 1 wraps to 0.
+        self.prev_free.wrapping_add(1) <= TAKEN
     }
 
     #[inline]
     fn kind(&self) -> NodeKind {
-        match self.prev_free {
-            VACANT => NodeKind::Vacant,
+        if self.is_free() {
+            return NodeKind::Free;
+        }
+        match self.prev_free & KIND_MASK {
+            USED => NodeKind::Used {
+                meta: self.prev_free & META_MASK,
+                generation: self.next_free,
+            },
             RESERVED => NodeKind::Reserved(self.next_free),
-            USED => NodeKind::Used(self.next_free),
-            _ => NodeKind::Free,
+            _ => NodeKind::Vacant,
         }
     }
 
@@ -85,7 +101,10 @@ impl Node {
     #[inline]
     fn set_taken(&mut self, kind: NodeKind) {
         (self.prev_free, self.next_free) = match kind {
-            NodeKind::Used(slot) => (USED, slot),
+            NodeKind::Used { meta, generation } => {
+                debug_assert!(meta <= META_MASK);
+                (USED | (meta & META_MASK), generation)
+            }
             NodeKind::Reserved(m) => (RESERVED, m),
             NodeKind::Free | NodeKind::Vacant => unreachable!("not a taken kind"),
         };
@@ -553,7 +572,7 @@ impl Tlsf {
     pub(crate) fn release(&mut self, i: u32) {
         debug_assert!(matches!(
             self.nodes[i as usize].kind(),
-            NodeKind::Used(_) | NodeKind::Reserved(_)
+            NodeKind::Used { .. } | NodeKind::Reserved(_)
         ));
         let (offset, size, prev, next) = {
             let n = &self.nodes[i as usize];
@@ -618,6 +637,25 @@ impl Tlsf {
             NodeKind::Free | NodeKind::Vacant
         ));
         self.nodes[i as usize].set_taken(kind);
+    }
+
+    /// The live allocation whose identity is node `i`, if there is one.
+    #[inline(always)]
+    pub(crate) fn record(&self, i: u32) -> Option<Record> {
+        let n = self.nodes.get(i as usize)?;
+        (n.prev_free & KIND_MASK == USED).then_some(Record {
+            offset: n.offset,
+            size: n.size,
+            meta: n.prev_free & META_MASK,
+            generation: n.next_free,
+        })
+    }
+
+    /// Replaces the meta of used node `i`.
+    pub(crate) fn set_meta(&mut self, i: u32, meta: u32) {
+        let n = &mut self.nodes[i as usize];
+        debug_assert_eq!(n.prev_free & KIND_MASK, USED);
+        n.prev_free = USED | (meta & META_MASK);
     }
 
     pub(crate) fn kind(&self, i: u32) -> NodeKind {
@@ -708,7 +746,7 @@ impl Tlsf {
         best
     }
 
-    /// The taken regions in offset order: `(offset, size, kind)`.
+    /// The taken regions in offset order: `(node, offset, size, kind)`.
     pub(crate) fn taken(&self) -> TakenIter<'_> {
         TakenIter {
             tlsf: self,
@@ -761,7 +799,7 @@ impl Tlsf {
             }
             let free = match n.kind() {
                 NodeKind::Free => true,
-                NodeKind::Used(_) | NodeKind::Reserved(_) => false,
+                NodeKind::Used { .. } | NodeKind::Reserved(_) => false,
                 NodeKind::Vacant => return Err(format!("node {cur}: vacant node in the block")),
             };
             if free && prev_free {
@@ -873,13 +911,14 @@ pub(crate) struct TakenIter<'a> {
 }
 
 impl Iterator for TakenIter<'_> {
-    type Item = (u64, u64, NodeKind);
+    type Item = (u32, u64, u64, NodeKind);
     fn next(&mut self) -> Option<Self::Item> {
         while self.next != NIL {
-            let n = &self.tlsf.nodes[self.next as usize];
+            let i = self.next;
+            let n = &self.tlsf.nodes[i as usize];
             self.next = n.next_phys;
             if !n.is_free() {
-                return Some((n.offset, n.size, n.kind()));
+                return Some((i, n.offset, n.size, n.kind()));
             }
         }
         None
@@ -922,9 +961,13 @@ mod tests {
     fn take_and_release_merge_back() {
         let mut t = Tlsf::new(1000);
         let (i, at) = t.find(10, 16, Strategy::Balanced).unwrap();
-        let a = t.take(i, at, 10, NodeKind::Used(0));
+        let used = |generation| NodeKind::Used {
+            meta: 0,
+            generation,
+        };
+        let a = t.take(i, at, 10, used(0));
         let (j, at2) = t.find(100, 64, Strategy::Balanced).unwrap();
-        let b = t.take(j, at2, 100, NodeKind::Used(1));
+        let b = t.take(j, at2, 100, used(1));
         assert_eq!(at % 16, 0);
         assert_eq!(at2 % 64, 0);
         t.validate().unwrap();
