@@ -26,6 +26,10 @@ pub(crate) const NIL: u32 = u32::MAX;
 const SL_BITS: u32 = 5;
 /// Lists per octave.
 const SL_COUNT: usize = 1 << SL_BITS;
+/// Size of the list-head table: 64 octaves' worth, although sizes below 2^64 reach only the
+/// first 1920 lists, so that any list index masked with `LISTS - 1` is in bounds and the
+/// compiler drops the bounds checks from the hot paths.
+const LISTS: usize = 64 * SL_COUNT;
 
 /// Most free blocks [`Strategy::MinMemory`] examines before settling.
 pub(crate) const BEST_FIT_BUDGET: usize = 64;
@@ -98,7 +102,7 @@ impl Node {
     }
 
     /// Marks a node taken by `kind` (`Used` or `Reserved`).
-    #[inline]
+    #[inline(always)]
     fn set_taken(&mut self, kind: NodeKind) {
         (self.prev_free, self.next_free) = match kind {
             NodeKind::Used { meta, generation } => {
@@ -111,34 +115,32 @@ impl Node {
     }
 }
 
-/// The list a free block of `size` belongs in (rounding down).
-#[inline]
-fn bin_down(size: u64) -> (usize, usize) {
-    debug_assert!(size > 0);
-    if size < SL_COUNT as u64 {
-        (0, size as usize)
-    } else {
-        let msb = 63 - size.leading_zeros();
-        let fl = (msb - SL_BITS + 1) as usize;
-        let sl = ((size >> (msb - SL_BITS)) as usize) - SL_COUNT;
-        (fl, sl)
-    }
+/// The list a free block of `size` belongs in (rounding down), as one index `fl * 32 + sl`.
+///
+/// Branch-free: with `m` the top bit of `size | 32` and `s = m - 5`, the index is
+/// `s * 32 + (size >> s)`. Sizes below 32 get `s = 0`, their own exact list; above, the top
+/// six bits of the size (the leading one and five bits of mantissa) pick one of 32 lists in
+/// octave `s + 1`.
+#[inline(always)]
+fn list_index(size: u64) -> usize {
+    let s = (63 - (size | SL_COUNT as u64).leading_zeros()) - SL_BITS;
+    ((s as usize) << SL_BITS) + (size >> s) as usize
 }
 
-/// The first list whose every block is at least `size` (rounding up), if one can exist.
-#[inline]
-fn bin_up(size: u64) -> Option<(usize, usize)> {
-    if size < SL_COUNT as u64 {
-        return Some((0, size as usize));
-    }
-    let msb = 63 - size.leading_zeros();
-    let step_minus_one = (1u64 << (msb - SL_BITS)) - 1;
-    size.checked_add(step_minus_one).map(bin_down)
+/// The first list whose every block is at least `size` (rounding up): the size's own list if
+/// `size` is that list's floor, else the next one. Never overflows; for sizes near 2^64 the
+/// index lands in lists that stay empty.
+#[inline(always)]
+fn list_index_up(size: u64) -> usize {
+    let s = (63 - (size | SL_COUNT as u64).leading_zeros()) - SL_BITS;
+    let below_floor = size & ((1 << s) - 1);
+    list_index(size) + usize::from(below_floor != 0)
 }
 
-/// The smallest size a list holds.
+/// The smallest size list `li` holds.
 #[cfg(test)]
-fn list_floor(fl: usize, sl: usize) -> u64 {
+fn list_floor(li: usize) -> u64 {
+    let (fl, sl) = (li / SL_COUNT, li % SL_COUNT);
     if fl == 0 {
         sl as u64
     } else {
@@ -165,18 +167,35 @@ pub(crate) struct FreeTotals {
 }
 
 impl FreeTotals {
-    #[inline]
+    #[inline(always)]
     fn add(&mut self, size: u64) {
         self.bytes += size;
         self.count += 1;
         self.squares += u128::from(size) * u128::from(size);
     }
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, size: u64) {
         self.bytes -= size;
         self.count -= 1;
         self.squares -= u128::from(size) * u128::from(size);
     }
+    /// A free range changes size from `old` to `new` (the count stays).
+    #[inline(always)]
+    fn resize(&mut self, old: u64, new: u64) {
+        // Wrapping: the intermediate sums may dip below zero, the results never do.
+        self.bytes = self.bytes.wrapping_sub(old).wrapping_add(new);
+        let (old, new) = (u128::from(old), u128::from(new));
+        self.squares = self.squares.wrapping_sub(old * old).wrapping_add(new * new);
+    }
+}
+
+/// The free-list table.
+#[derive(Clone, Debug)]
+struct Lists {
+    /// Heads of the free lists by list index (see [`list_index`]).
+    heads: [u32; LISTS],
+    /// Per octave, bit `sl` set when list `fl * 32 + sl` is non-empty.
+    sl_bitmaps: [u32; 64],
 }
 
 /// The TLSF state of one block.
@@ -192,10 +211,9 @@ pub(crate) struct Tlsf {
     capacity: u64,
     /// Bit `fl` set when octave `fl` has a non-empty list.
     fl_bitmap: u64,
-    /// Per octave, bit `sl` set when list `(fl, sl)` is non-empty.
-    sl_bitmaps: Vec<u32>,
-    /// Heads of the free lists, `fl * SL_COUNT + sl`.
-    heads: Vec<u32>,
+    /// List heads and per-list bitmaps, boxed together: one pointer away, and the block
+    /// stays small.
+    lists: Box<Lists>,
     totals: FreeTotals,
 }
 
@@ -208,8 +226,10 @@ impl Tlsf {
             last: NIL,
             capacity: 0,
             fl_bitmap: 0,
-            sl_bitmaps: Vec::new(),
-            heads: Vec::new(),
+            lists: Box::new(Lists {
+                heads: [NIL; LISTS],
+                sl_bitmaps: [0; 64],
+            }),
             totals: FreeTotals::default(),
         };
         t.grow(capacity);
@@ -224,19 +244,6 @@ impl Tlsf {
 
     pub(crate) fn totals(&self) -> FreeTotals {
         self.totals
-    }
-
-    /// Sizes the list tables for a block of `capacity`.
-    fn ensure_classes(&mut self, capacity: u64) {
-        let classes = if capacity == 0 {
-            1
-        } else {
-            bin_down(capacity).0 + 1
-        };
-        if self.sl_bitmaps.len() < classes {
-            self.sl_bitmaps.resize(classes, 0);
-            self.heads.resize(classes * SL_COUNT, NIL);
-        }
     }
 
     #[inline(always)]
@@ -267,9 +274,8 @@ impl Tlsf {
     #[inline(always)]
     fn link_free(&mut self, i: u32) {
         let size = self.nodes[i as usize].size;
-        let (fl, sl) = bin_down(size);
-        let li = fl * SL_COUNT + sl;
-        let head = self.heads[li];
+        let li = list_index(size) & (LISTS - 1);
+        let head = self.lists.heads[li];
         {
             let n = &mut self.nodes[i as usize];
             n.prev_free = NIL;
@@ -278,9 +284,9 @@ impl Tlsf {
         if head != NIL {
             self.nodes[head as usize].prev_free = i;
         }
-        self.heads[li] = i;
-        self.sl_bitmaps[fl] |= 1 << sl;
-        self.fl_bitmap |= 1 << fl;
+        self.lists.heads[li] = i;
+        self.lists.sl_bitmaps[li / SL_COUNT] |= 1 << (li % SL_COUNT);
+        self.fl_bitmap |= 1 << (li / SL_COUNT);
         self.totals.add(size);
     }
 
@@ -295,12 +301,12 @@ impl Tlsf {
         if prev != NIL {
             self.nodes[prev as usize].next_free = next;
         } else {
-            let (fl, sl) = bin_down(size);
-            let li = fl * SL_COUNT + sl;
-            self.heads[li] = next;
+            let li = list_index(size) & (LISTS - 1);
+            self.lists.heads[li] = next;
             if next == NIL {
-                self.sl_bitmaps[fl] &= !(1 << sl);
-                if self.sl_bitmaps[fl] == 0 {
+                let fl = li / SL_COUNT;
+                self.lists.sl_bitmaps[fl] &= !(1 << (li % SL_COUNT));
+                if self.lists.sl_bitmaps[fl] == 0 {
                     self.fl_bitmap &= !(1 << fl);
                 }
             }
@@ -311,36 +317,39 @@ impl Tlsf {
         self.totals.remove(size);
     }
 
-    /// The first non-empty list at or above `(fl, sl)`.
+    /// The first non-empty list at index `li` or above.
     #[inline(always)]
-    fn first_list_from(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
-        if fl >= self.sl_bitmaps.len() {
-            return None;
-        }
-        let here = self.sl_bitmaps[fl] & (u32::MAX << sl);
+    fn first_list_from(&self, li: usize) -> Option<usize> {
+        debug_assert!(li < LISTS);
+        let li = li & (LISTS - 1);
+        let fl = li / SL_COUNT;
+        let here = self.lists.sl_bitmaps[fl] & (u32::MAX << (li % SL_COUNT));
         if here != 0 {
-            return Some((fl, here.trailing_zeros() as usize));
+            return Some(fl * SL_COUNT + here.trailing_zeros() as usize);
         }
-        let above = if fl + 1 >= 64 {
-            0
-        } else {
-            self.fl_bitmap & (u64::MAX << (fl + 1))
-        };
+        // Two shifts: `fl + 1` may be 64.
+        let above = self.fl_bitmap & ((u64::MAX << fl) << 1);
         if above == 0 {
             return None;
         }
         let fl = above.trailing_zeros() as usize;
-        Some((fl, self.sl_bitmaps[fl].trailing_zeros() as usize))
+        Some(fl * SL_COUNT + self.lists.sl_bitmaps[fl & 63].trailing_zeros() as usize)
     }
 
-    /// The non-empty list after `(fl, sl)`.
+    /// The non-empty list after list `li`.
     #[inline]
-    fn next_list(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
-        if sl + 1 < SL_COUNT {
-            self.first_list_from(fl, sl + 1)
+    fn next_list(&self, li: usize) -> Option<usize> {
+        if li + 1 < LISTS {
+            self.first_list_from(li + 1)
         } else {
-            self.first_list_from(fl + 1, 0)
+            None
         }
+    }
+
+    /// The head of list `li`.
+    #[inline(always)]
+    fn head(&self, li: usize) -> u32 {
+        self.lists.heads[li & (LISTS - 1)]
     }
 
     /// Finds room for `size` aligned to `align` (a power of two). Returns the free node and
@@ -369,9 +378,8 @@ impl Tlsf {
     #[inline(always)]
     fn good_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
         let worst = size.checked_add(mask)?;
-        let (fl, sl) = bin_up(worst)?;
-        let (fl, sl) = self.first_list_from(fl, sl)?;
-        let i = self.heads[fl * SL_COUNT + sl];
+        let li = self.first_list_from(list_index_up(worst))?;
+        let i = self.head(li);
         let n = &self.nodes[i as usize];
         let at = fit(n.offset, n.size, size, mask);
         debug_assert!(
@@ -386,9 +394,8 @@ impl Tlsf {
     /// this packs tighter than the good fit, which must allow for worst-case padding.
     #[inline(always)]
     fn tight_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
-        let (fl, sl) = bin_down(size);
-        let (fl, sl) = self.first_list_from(fl, sl)?;
-        let i = self.heads[fl * SL_COUNT + sl];
+        let li = self.first_list_from(list_index(size))?;
+        let i = self.head(li);
         let n = &self.nodes[i as usize];
         fit(n.offset, n.size, size, mask).map(|at| (i, at))
     }
@@ -397,10 +404,9 @@ impl Tlsf {
     /// fits wins. This is the exact fallback that rules out false out-of-memory failures.
     #[inline(never)]
     fn first_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
-        let (fl, sl) = bin_down(size);
-        let mut list = self.first_list_from(fl, sl);
-        while let Some((fl, sl)) = list {
-            let mut i = self.heads[fl * SL_COUNT + sl];
+        let mut list = self.first_list_from(list_index(size));
+        while let Some(li) = list {
+            let mut i = self.head(li);
             while i != NIL {
                 let n = &self.nodes[i as usize];
                 if let Some(at) = fit(n.offset, n.size, size, mask) {
@@ -408,7 +414,7 @@ impl Tlsf {
                 }
                 i = n.next_free;
             }
-            list = self.next_list(fl, sl);
+            list = self.next_list(li);
         }
         None
     }
@@ -419,12 +425,11 @@ impl Tlsf {
     /// when many small blocks fail the alignment (then the good fit takes over).
     #[inline(never)]
     fn best_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
-        let (fl, sl) = bin_down(size);
-        let mut list = self.first_list_from(fl, sl);
+        let mut list = self.first_list_from(list_index(size));
         let mut budget = BEST_FIT_BUDGET;
         let mut best: Option<(u32, u64)> = None;
-        while let Some((fl, sl)) = list {
-            let mut i = self.heads[fl * SL_COUNT + sl];
+        while let Some(li) = list {
+            let mut i = self.head(li);
             while i != NIL {
                 let n = &self.nodes[i as usize];
                 if let Some(at) = fit(n.offset, n.size, size, mask) {
@@ -445,7 +450,7 @@ impl Tlsf {
             if best.is_some() {
                 return best;
             }
-            list = self.next_list(fl, sl);
+            list = self.next_list(li);
         }
         None
     }
@@ -453,11 +458,10 @@ impl Tlsf {
     /// The fitting block with the lowest offset (O(free ranges)).
     #[inline(never)]
     fn lowest_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
-        let (fl, sl) = bin_down(size);
         let mut best: Option<(u32, u64)> = None;
-        let mut list = self.first_list_from(fl, sl);
-        while let Some((fl, sl)) = list {
-            let mut i = self.heads[fl * SL_COUNT + sl];
+        let mut list = self.first_list_from(list_index(size));
+        while let Some(li) = list {
+            let mut i = self.head(li);
             while i != NIL {
                 let n = &self.nodes[i as usize];
                 if best.is_none_or(|(_, b)| n.offset < b) {
@@ -467,7 +471,7 @@ impl Tlsf {
                 }
                 i = n.next_free;
             }
-            list = self.next_list(fl, sl);
+            list = self.next_list(li);
         }
         best
     }
@@ -478,9 +482,8 @@ impl Tlsf {
     #[inline(always)]
     fn resize_free(&mut self, i: u32, offset: u64, size: u64) {
         let old = self.nodes[i as usize].size;
-        if bin_down(old) == bin_down(size) {
-            self.totals.remove(old);
-            self.totals.add(size);
+        if list_index(old) == list_index(size) {
+            self.totals.resize(old, size);
             let n = &mut self.nodes[i as usize];
             n.offset = offset;
             n.size = size;
@@ -682,7 +685,6 @@ impl Tlsf {
     pub(crate) fn grow(&mut self, capacity: u64) {
         debug_assert!(capacity >= self.capacity);
         let extra = capacity - self.capacity;
-        self.ensure_classes(capacity);
         if extra == 0 {
             return;
         }
@@ -722,8 +724,8 @@ impl Tlsf {
         self.last = NIL;
         self.capacity = 0;
         self.fl_bitmap = 0;
-        self.sl_bitmaps.iter_mut().for_each(|b| *b = 0);
-        self.heads.iter_mut().for_each(|h| *h = NIL);
+        self.lists.sl_bitmaps = [0; 64];
+        self.lists.heads.fill(NIL);
         self.totals = FreeTotals::default();
         self.grow(capacity);
     }
@@ -735,8 +737,8 @@ impl Tlsf {
             return 0;
         }
         let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
-        let sl = 31 - self.sl_bitmaps[fl].leading_zeros() as usize;
-        let mut i = self.heads[fl * SL_COUNT + sl];
+        let sl = 31 - self.lists.sl_bitmaps[fl].leading_zeros() as usize;
+        let mut i = self.head(fl * SL_COUNT + sl);
         let mut best = 0;
         while i != NIL {
             let n = &self.nodes[i as usize];
@@ -807,11 +809,12 @@ impl Tlsf {
             }
             if free {
                 totals.add(n.size);
-                let (fl, sl) = bin_down(n.size);
-                if self.sl_bitmaps[fl] & (1 << sl) == 0 || self.fl_bitmap & (1 << fl) == 0 {
+                let li = list_index(n.size);
+                let (fl, sl) = (li / SL_COUNT, li % SL_COUNT);
+                if self.lists.sl_bitmaps[fl] & (1 << sl) == 0 || self.fl_bitmap & (1 << fl) == 0 {
                     return Err(format!("node {cur}: its list's bitmap bit is clear"));
                 }
-                let mut j = self.heads[fl * SL_COUNT + sl];
+                let mut j = self.head(li);
                 let mut steps = 0usize;
                 while j != NIL && j != cur {
                     j = self.nodes[j as usize].next_free;
@@ -821,7 +824,7 @@ impl Tlsf {
                     }
                 }
                 if j != cur {
-                    return Err(format!("node {cur}: free but not in list ({fl},{sl})"));
+                    return Err(format!("node {cur}: free but not in list {li}"));
                 }
             }
             expected_offset = n
@@ -849,20 +852,21 @@ impl Tlsf {
         }
         // Every list: links consistent, members free and of the right size, bitmaps exact.
         let mut listed = 0u32;
-        for fl in 0..self.sl_bitmaps.len() {
-            if (self.fl_bitmap >> fl) & 1 != u64::from(self.sl_bitmaps[fl] != 0) {
+        for fl in 0..self.lists.sl_bitmaps.len() {
+            if (self.fl_bitmap >> fl) & 1 != u64::from(self.lists.sl_bitmaps[fl] != 0) {
                 return Err(format!("octave {fl}: bitmap bit disagrees with its lists"));
             }
             for sl in 0..SL_COUNT {
-                let mut j = self.heads[fl * SL_COUNT + sl];
-                if (self.sl_bitmaps[fl] >> sl) & 1 != u32::from(j != NIL) {
+                let li = fl * SL_COUNT + sl;
+                let mut j = self.head(li);
+                if (self.lists.sl_bitmaps[fl] >> sl) & 1 != u32::from(j != NIL) {
                     return Err(format!("list ({fl},{sl}): bitmap bit disagrees"));
                 }
                 let mut p = NIL;
                 while j != NIL {
                     let n = &self.nodes[j as usize];
-                    if !n.is_free() || bin_down(n.size) != (fl, sl) {
-                        return Err(format!("node {j} in list ({fl},{sl}) does not belong"));
+                    if !n.is_free() || list_index(n.size) != li {
+                        return Err(format!("node {j} in list {li} does not belong"));
                     }
                     if n.prev_free != p {
                         return Err(format!("node {j}: prev_free link broken"));
@@ -930,9 +934,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bins_partition_sizes() {
+    fn lists_partition_sizes() {
         // Every size maps to a list whose floor is <= size < next floor, and rounding up gives
-        // a list whose floor is >= size.
+        // the first list whose floor is >= size.
         let mut sizes: Vec<u64> = (1..2000).collect();
         for shift in 11..64 {
             let p = 1u64 << shift;
@@ -940,20 +944,18 @@ mod tests {
         }
         sizes.push(u64::MAX);
         for s in sizes {
-            let (fl, sl) = bin_down(s);
-            assert!(list_floor(fl, sl) <= s, "size {s}");
-            let (nfl, nsl) = if sl + 1 < SL_COUNT {
-                (fl, sl + 1)
-            } else {
-                (fl + 1, 0)
-            };
-            if nfl < 60 {
-                assert!(s < list_floor(nfl, nsl), "size {s} beyond its list");
+            let li = list_index(s);
+            assert!(li < 60 * SL_COUNT, "size {s}");
+            assert!(list_floor(li) <= s, "size {s}");
+            if li + 1 < 60 * SL_COUNT {
+                assert!(s < list_floor(li + 1), "size {s} beyond its list");
             }
-            match bin_up(s) {
-                Some((fl, sl)) => assert!(list_floor(fl, sl) >= s, "size {s} rounded down"),
-                None => assert!(s > (u64::MAX >> 1)),
+            let up = list_index_up(s);
+            assert!(up == li || up == li + 1, "size {s}");
+            if up < 60 * SL_COUNT {
+                assert!(list_floor(up) >= s, "size {s} rounded down");
             }
+            assert_eq!(up == li, list_floor(li) == s, "size {s}");
         }
     }
 
