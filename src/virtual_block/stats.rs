@@ -126,10 +126,7 @@ impl<U> VirtualBlock<U> {
     /// ```
     pub fn fragmentation(&self) -> f64 {
         match &self.engine {
-            Engine::Tlsf(t) => {
-                let totals = t.totals();
-                fragmentation_metric(totals.bytes, totals.squares)
-            }
+            Engine::Tlsf(t) => fragmentation_metric(self.free_bytes(), t.free_squares()),
             Engine::Linear(_) => {
                 let (sum, squares) = self.free_ranges().fold((0u64, 0u128), |(s, q), (_, f)| {
                     (s + f, q + u128::from(f) * u128::from(f))

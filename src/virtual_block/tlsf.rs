@@ -157,36 +157,25 @@ fn fit(offset: u64, block_size: u64, size: u64, align_mask: u64) -> Option<u64> 
     (used <= block_size).then_some(aligned)
 }
 
-/// Counters over the free ranges, kept up to date on every change (O(1) statistics).
+/// Sums over the free ranges, recomputed by [`Tlsf::validate`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct FreeTotals {
-    pub bytes: u64,
-    pub count: u32,
-    /// Σ size², for the fragmentation metric.
-    pub squares: u128,
+struct FreeTotals {
+    bytes: u64,
+    count: u32,
+    squares: u128,
 }
 
 impl FreeTotals {
-    #[inline(always)]
     fn add(&mut self, size: u64) {
         self.bytes += size;
         self.count += 1;
-        self.squares += u128::from(size) * u128::from(size);
+        self.squares += square(size);
     }
-    #[inline(always)]
-    fn remove(&mut self, size: u64) {
-        self.bytes -= size;
-        self.count -= 1;
-        self.squares -= u128::from(size) * u128::from(size);
-    }
-    /// A free range changes size from `old` to `new` (the count stays).
-    #[inline(always)]
-    fn resize(&mut self, old: u64, new: u64) {
-        // Wrapping: the intermediate sums may dip below zero, the results never do.
-        self.bytes = self.bytes.wrapping_sub(old).wrapping_add(new);
-        let (old, new) = (u128::from(old), u128::from(new));
-        self.squares = self.squares.wrapping_sub(old * old).wrapping_add(new * new);
-    }
+}
+
+#[inline(always)]
+fn square(size: u64) -> u128 {
+    u128::from(size) * u128::from(size)
 }
 
 /// The free-list table.
@@ -214,7 +203,10 @@ pub(crate) struct Tlsf {
     /// List heads and per-list bitmaps, boxed together: one pointer away, and the block
     /// stays small.
     lists: Box<Lists>,
-    totals: FreeTotals,
+    /// Σ size² over the free ranges, kept up to date on every change for the O(1)
+    /// fragmentation metric. (Σ size and the count are not kept here: the block knows its
+    /// free units, and nothing on a hot path needs the count.)
+    squares: u128,
 }
 
 impl Tlsf {
@@ -230,7 +222,7 @@ impl Tlsf {
                 heads: [NIL; LISTS],
                 sl_bitmaps: [0; 64],
             }),
-            totals: FreeTotals::default(),
+            squares: 0,
         };
         t.grow(capacity);
         t
@@ -242,8 +234,9 @@ impl Tlsf {
         self.nodes.len() + 2 < MAX_NODES
     }
 
-    pub(crate) fn totals(&self) -> FreeTotals {
-        self.totals
+    /// Σ size² over the free ranges.
+    pub(crate) fn free_squares(&self) -> u128 {
+        self.squares
     }
 
     #[inline(always)]
@@ -274,7 +267,22 @@ impl Tlsf {
     #[inline(always)]
     fn link_free(&mut self, i: u32) {
         let size = self.nodes[i as usize].size;
-        let li = list_index(size) & (LISTS - 1);
+        self.link_into(i, list_index(size));
+        self.squares += square(size);
+    }
+
+    /// Unlinks free node `i` from its list.
+    #[inline(always)]
+    fn unlink_free(&mut self, i: u32) {
+        let size = self.nodes[i as usize].size;
+        self.unlink_from(i, list_index(size));
+        self.squares -= square(size);
+    }
+
+    /// Links free node `i` at the head of list `li` (its size's list).
+    #[inline(always)]
+    fn link_into(&mut self, i: u32, li: usize) {
+        let li = li & (LISTS - 1);
         let head = self.lists.heads[li];
         {
             let n = &mut self.nodes[i as usize];
@@ -287,21 +295,20 @@ impl Tlsf {
         self.lists.heads[li] = i;
         self.lists.sl_bitmaps[li / SL_COUNT] |= 1 << (li % SL_COUNT);
         self.fl_bitmap |= 1 << (li / SL_COUNT);
-        self.totals.add(size);
     }
 
-    /// Unlinks free node `i` from its list.
+    /// Unlinks free node `i` from list `li` (its size's list).
     #[inline(always)]
-    fn unlink_free(&mut self, i: u32) {
-        let (size, prev, next) = {
+    fn unlink_from(&mut self, i: u32, li: usize) {
+        let (prev, next) = {
             let n = &self.nodes[i as usize];
-            debug_assert!(n.is_free());
-            (n.size, n.prev_free, n.next_free)
+            debug_assert!(n.is_free() && list_index(n.size) == li);
+            (n.prev_free, n.next_free)
         };
         if prev != NIL {
             self.nodes[prev as usize].next_free = next;
         } else {
-            let li = list_index(size) & (LISTS - 1);
+            let li = li & (LISTS - 1);
             self.lists.heads[li] = next;
             if next == NIL {
                 let fl = li / SL_COUNT;
@@ -314,7 +321,6 @@ impl Tlsf {
         if next != NIL {
             self.nodes[next as usize].prev_free = prev;
         }
-        self.totals.remove(size);
     }
 
     /// The first non-empty list at index `li` or above.
@@ -482,18 +488,19 @@ impl Tlsf {
     #[inline(always)]
     fn resize_free(&mut self, i: u32, offset: u64, size: u64) {
         let old = self.nodes[i as usize].size;
-        if list_index(old) == list_index(size) {
-            self.totals.resize(old, size);
-            let n = &mut self.nodes[i as usize];
-            n.offset = offset;
-            n.size = size;
-        } else {
-            self.unlink_free(i);
-            let n = &mut self.nodes[i as usize];
-            n.offset = offset;
-            n.size = size;
-            self.link_free(i);
+        let (from, to) = (list_index(old), list_index(size));
+        if from != to {
+            self.unlink_from(i, from);
+            self.link_into(i, to);
         }
+        let n = &mut self.nodes[i as usize];
+        n.offset = offset;
+        n.size = size;
+        // Wrapping: the intermediate sum may dip below zero, the result never does.
+        self.squares = self
+            .squares
+            .wrapping_sub(square(old))
+            .wrapping_add(square(size));
     }
 
     /// Takes `[at, at + size)` out of free node `i` (as found by [`Tlsf::find`]) and gives it to
@@ -726,7 +733,7 @@ impl Tlsf {
         self.fl_bitmap = 0;
         self.lists.sl_bitmaps = [0; 64];
         self.lists.heads.fill(NIL);
-        self.totals = FreeTotals::default();
+        self.squares = 0;
         self.grow(capacity);
     }
 
@@ -844,10 +851,10 @@ impl Tlsf {
         if prev != self.last {
             return Err("`last` is not the final node".into());
         }
-        if totals != self.totals {
+        if totals.squares != self.squares {
             return Err(format!(
-                "free totals {:?} != recomputed {totals:?}",
-                self.totals
+                "sum of squared free sizes {} != recomputed {}",
+                self.squares, totals.squares
             ));
         }
         // Every list: links consistent, members free and of the right size, bitmaps exact.
@@ -977,7 +984,7 @@ mod tests {
         t.validate().unwrap();
         t.release(b);
         t.validate().unwrap();
-        assert_eq!(t.totals().count, 1);
+        assert_eq!(t.regions().filter(|r| r.3 == NodeKind::Free).count(), 1);
         assert_eq!(t.largest_free(), 1000);
     }
 }
