@@ -246,7 +246,7 @@ impl<U> VirtualBlock<U> {
         };
         let old = p.src.id;
         let user = match checked {
-            Ok(_) => self.users.get_mut(old as usize).and_then(Option::take),
+            Ok(_) => self.users.take(old),
             Err(_) => None,
         };
         let (Ok(r), Some(user)) = (checked, user) else {

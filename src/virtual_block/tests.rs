@@ -377,6 +377,37 @@ fn bad_input_gives_typed_errors() {
 }
 
 #[test]
+fn zero_sized_user_data_is_dropped_once_per_allocation() {
+    // Zero-sized user data is kept without ids (see `Users`): the values handed back must
+    // still balance the values given, whichever way allocations end.
+    thread_local!(static DROPS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) });
+    struct Token;
+    impl Drop for Token {
+        fn drop(&mut self) {
+            DROPS.with(|d| d.set(d.get() + 1));
+        }
+    }
+    let drops = || DROPS.with(std::cell::Cell::get);
+    let mut b = VirtualBlock::<Token>::new(1000);
+    let a: Vec<Alloc> = (0..5)
+        .map(|_| b.allocate(&req(10), Token).unwrap())
+        .collect();
+    assert_eq!(drops(), 0);
+    drop(b.free(a[1]).unwrap());
+    assert_eq!(drops(), 1);
+    assert!(b.user_data(a[0]).is_ok() && b.user_data_mut(a[4]).is_ok());
+    assert_eq!(b.user_data(a[1]).err(), Some(Error::StaleHandle));
+    assert!(b.free(a[1]).is_err());
+    assert_eq!(drops(), 1, "a stale free hands nothing back");
+    b.clear();
+    assert_eq!(drops(), 5);
+    b.allocate(&req(10), Token).unwrap();
+    b.validate().unwrap();
+    drop(b);
+    assert_eq!(drops(), 6);
+}
+
+#[test]
 fn names_tags_and_user_data() {
     let mut b = VirtualBlock::<String>::new(1000);
     let mesh = Tag::new("mesh");
