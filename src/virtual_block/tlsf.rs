@@ -191,8 +191,10 @@ struct Lists {
 #[derive(Clone, Debug)]
 pub(crate) struct Tlsf {
     nodes: Vec<Node>,
-    /// Head of the chain of vacant nodes.
-    vacant: u32,
+    /// Vacant nodes, most recently vacated last. A stack of indices rather than a chain
+    /// through the nodes: taking one needs no load from the (possibly cold) node itself, so
+    /// the two nodes an aligned allocation may create do not wait on each other.
+    vacant: Vec<u32>,
     /// The node at offset 0 (NIL only for a zero-sized block).
     first: u32,
     /// The node that ends at the block's end.
@@ -213,7 +215,7 @@ impl Tlsf {
     pub(crate) fn new(capacity: u64) -> Self {
         let mut t = Tlsf {
             nodes: Vec::new(),
-            vacant: NIL,
+            vacant: Vec::new(),
             first: NIL,
             last: NIL,
             capacity: 0,
@@ -241,9 +243,7 @@ impl Tlsf {
 
     #[inline(always)]
     fn new_node(&mut self, node: Node) -> u32 {
-        if self.vacant != NIL {
-            let i = self.vacant;
-            self.vacant = self.nodes[i as usize].next_free;
+        if let Some(i) = self.vacant.pop() {
             self.nodes[i as usize] = node;
             i
         } else {
@@ -259,8 +259,8 @@ impl Tlsf {
     fn recycle(&mut self, i: u32) {
         let n = &mut self.nodes[i as usize];
         n.prev_free = VACANT;
-        n.next_free = self.vacant;
-        self.vacant = i;
+        n.next_free = NIL;
+        self.vacant.push(i);
     }
 
     /// Links free node `i` into its list.
@@ -726,7 +726,7 @@ impl Tlsf {
     pub(crate) fn clear(&mut self) {
         let capacity = self.capacity;
         self.nodes.clear();
-        self.vacant = NIL;
+        self.vacant.clear();
         self.first = NIL;
         self.last = NIL;
         self.capacity = 0;
@@ -893,17 +893,11 @@ impl Tlsf {
                 totals.count
             ));
         }
-        let mut vacant = 0usize;
-        let mut v = self.vacant;
-        while v != NIL {
-            if self.nodes[v as usize].kind() != NodeKind::Vacant {
-                return Err(format!("node {v} on the vacant chain is in use"));
+        let vacant = self.vacant.len();
+        for &v in &self.vacant {
+            if self.kind(v) != NodeKind::Vacant {
+                return Err(format!("node {v} on the vacant stack is in use"));
             }
-            vacant += 1;
-            if vacant > self.nodes.len() {
-                return Err("vacant chain has a cycle".into());
-            }
-            v = self.nodes[v as usize].next_free;
         }
         if vacant + seen != self.nodes.len() {
             return Err(format!(
