@@ -65,7 +65,7 @@ pub use stats::{DetailedStatistics, Statistics, TagStatistics};
 pub use svg::{MapRow, memory_map_svg};
 
 use linear::{Linear, LinearFail};
-use tlsf::{NodeKind, Tlsf};
+use tlsf::{NIL, NodeKind, Tlsf};
 
 /// How a block places allocations. Chosen when the block is created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -451,6 +451,21 @@ impl<U> Users<U> {
     }
 }
 
+/// Why `allocate_core` or `free_core` failed: a small code that fits in a register, turned
+/// into an [`Error`] (with its details) by the inlined public wrappers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fail {
+    ZeroSize,
+    BadAlignment,
+    TooManyTags,
+    UpperAddressNotLinear,
+    UpperAddressInRing,
+    TooManyAllocations,
+    OutOfSpace,
+    StaleHandle,
+    ForeignHandle,
+}
+
 /// What the algorithm records for a live allocation (user data aside).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Record {
@@ -651,23 +666,48 @@ impl<U> VirtualBlock<U> {
     ///
     /// TLSF: O(1) unless the good-fit lists are empty, and it fails only when no free range
     /// can hold the request after alignment.
+    #[inline]
     pub fn allocate(&mut self, req: &Request<'_>, user: U) -> Result<Alloc, Error> {
+        // A thin wrapper, inlined into the caller, around a core that returns two registers:
+        // the handle is then built where it is used instead of being passed back through
+        // memory (a 40-byte `Result` written field by field and read back with wider loads,
+        // which the CPU cannot forward from its store buffer).
+        let (offset, key) = self.allocate_core(req, user);
+        if key as u32 != NIL {
+            Ok(Alloc {
+                offset,
+                id: key as u32,
+                generation: (key >> 32) as u32,
+                block: self.id,
+            })
+        } else {
+            Err(self.failure(offset, req))
+        }
+    }
+
+    /// [`allocate`](Self::allocate) without the handle: `(offset, generation << 32 | id)` on
+    /// success, `(Fail as u64, NIL)` on failure (`NIL` is never an id).
+    #[inline(never)]
+    fn allocate_core(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
+        let fail = |f: Fail| (f as u64, u64::from(NIL));
         if req.size == 0 {
-            return Err(Error::ZeroSize);
+            return fail(Fail::ZeroSize);
         }
         if !req.align.is_power_of_two() {
-            return Err(Error::BadAlignment(req.align));
+            return fail(Fail::BadAlignment);
         }
-        let tag = self.tag_code(req.tag)?;
+        let Ok(tag) = self.tag_code(req.tag) else {
+            return fail(Fail::TooManyTags);
+        };
         let meta = Meta::new(req.align, req.name.is_some(), tag);
         let generation = self.generation;
         let (id, offset) = match &mut self.engine {
             Engine::Tlsf(t) => {
                 if req.upper {
-                    return Err(Error::UpperAddressNotLinear);
+                    return fail(Fail::UpperAddressNotLinear);
                 }
                 if !t.has_room() {
-                    return Err(Error::TooManyAllocations);
+                    return fail(Fail::TooManyAllocations);
                 }
                 match t.find(req.size, req.align, req.strategy) {
                     Some((i, at)) => {
@@ -677,17 +717,15 @@ impl<U> VirtualBlock<U> {
                         };
                         (t.take(i, at, req.size, kind), at)
                     }
-                    None => return Err(self.out_of_space(req)),
+                    None => return fail(Fail::OutOfSpace),
                 }
             }
             Engine::Linear(l) => {
                 match l.allocate(req.size, req.align, req.upper, meta.0, generation) {
                     Ok(placed) => placed,
-                    Err(LinearFail::UpperInRing) => return Err(Error::UpperAddressInRing),
-                    Err(LinearFail::TooManyAllocations) => {
-                        return Err(Error::TooManyAllocations);
-                    }
-                    Err(LinearFail::NoSpace) => return Err(self.out_of_space(req)),
+                    Err(LinearFail::UpperInRing) => return fail(Fail::UpperAddressInRing),
+                    Err(LinearFail::TooManyAllocations) => return fail(Fail::TooManyAllocations),
+                    Err(LinearFail::NoSpace) => return fail(Fail::OutOfSpace),
                 }
             }
         };
@@ -698,12 +736,21 @@ impl<U> VirtualBlock<U> {
         }
         self.live_count += 1;
         self.live_bytes += req.size;
-        Ok(Alloc {
-            offset,
-            id,
-            generation,
-            block: self.id,
-        })
+        (offset, u64::from(generation) << 32 | u64::from(id))
+    }
+
+    /// The error for a [`Fail`] code of `allocate_core` (given as its `u64`).
+    #[cold]
+    fn failure(&self, code: u64, req: &Request<'_>) -> Error {
+        match code {
+            c if c == Fail::ZeroSize as u64 => Error::ZeroSize,
+            c if c == Fail::BadAlignment as u64 => Error::BadAlignment(req.align),
+            c if c == Fail::TooManyTags as u64 => Error::TooManyTags,
+            c if c == Fail::UpperAddressNotLinear as u64 => Error::UpperAddressNotLinear,
+            c if c == Fail::UpperAddressInRing as u64 => Error::UpperAddressInRing,
+            c if c == Fail::TooManyAllocations as u64 => Error::TooManyAllocations,
+            _ => self.out_of_space(req),
+        }
     }
 
     /// Stores the user data of new allocation `id`.
@@ -749,11 +796,38 @@ impl<U> VirtualBlock<U> {
 
     /// Frees an allocation and returns its user data. O(1) with TLSF (merging with free
     /// neighbours), O(log n) at worst with the linear algorithm.
+    #[inline]
     pub fn free(&mut self, a: Alloc) -> Result<U, Error> {
-        let r = self.check(a)?;
+        // Inlined wrapper, like `allocate`'s: the handle goes in registers and a failure
+        // comes back as a one-byte code rather than a 40-byte `Error` through memory.
+        self.free_core(a.offset, a.id, a.generation, a.block)
+            .map_err(|f| match f {
+                Fail::ForeignHandle => Error::ForeignHandle,
+                _ => Error::StaleHandle,
+            })
+    }
+
+    #[inline(never)]
+    fn free_core(
+        &mut self,
+        offset: u64,
+        id: u32,
+        generation: u32,
+        block: NonZeroU32,
+    ) -> Result<U, Fail> {
+        let a = Alloc {
+            offset,
+            id,
+            generation,
+            block,
+        };
+        let r = self.check(a).map_err(|e| match e {
+            Error::ForeignHandle => Fail::ForeignHandle,
+            _ => Fail::StaleHandle,
+        })?;
         // A live record always has its user data; taking it before touching the algorithm
         // keeps the block unchanged should that ever not hold.
-        let user = self.users.take(a.id).ok_or(Error::StaleHandle)?;
+        let user = self.users.take(a.id).ok_or(Fail::StaleHandle)?;
         match &mut self.engine {
             Engine::Tlsf(t) => t.release(a.id),
             Engine::Linear(l) => {
