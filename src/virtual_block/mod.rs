@@ -297,7 +297,7 @@ pub enum Error {
     StaleHandle,
     /// The handle, move or address belongs to another block.
     ForeignHandle,
-    /// More than `u32::MAX - 1` allocation slots (or TLSF regions).
+    /// More than 2³¹ TLSF regions (or `u32::MAX - 1` linear allocations).
     TooManyAllocations,
     /// More than 65 535 distinct tags in one block.
     TooManyTags,

@@ -14,8 +14,8 @@
 //! block and checks each block's real offset. That second step is what makes the allocator
 //! free of false out-of-memory failures (OffsetAllocator stops after the first step).
 //!
-//! Nothing here knows about handles or user data: a taken node only records an owner number
-//! that the block above interprets.
+//! Nothing here knows about handles or user data: a used node only carries the meta bits and
+//! generation that the block above gives it, and a reserved one a move number.
 
 use super::{Record, Strategy};
 
@@ -52,7 +52,7 @@ pub(crate) enum NodeKind {
 /// `prev_free` of a node that is not free holds a word with this bit set (node indices stay
 /// below it, and NIL, the free "no previous node", is the only larger value with all bits
 /// set). Bits 29 and 30 give the kind; the 29 bits below carry an allocation's meta. The
-/// node's `next_free` then holds the generation, the move index or the next vacant node.
+/// node's `next_free` then holds the generation or the move index.
 /// This keeps a node at 32 bytes, two per cache line, with everything `free` needs to check
 /// a handle and release its range on one line.
 const TAKEN: u32 = 1 << 31;
@@ -75,7 +75,6 @@ struct Node {
     /// Free: the previous node of its list (or NIL). Otherwise a [`TAKEN`] word.
     prev_free: u32,
     /// Free: the next node of its list. Used: the generation. Reserved: the move index.
-    /// Vacant: the next vacant node.
     next_free: u32,
 }
 
@@ -898,9 +897,13 @@ impl Tlsf {
             ));
         }
         let vacant = self.vacant.len();
+        let mut stacked = vec![false; self.nodes.len()];
         for &v in &self.vacant {
             if self.kind(v) != NodeKind::Vacant {
                 return Err(format!("node {v} on the vacant stack is in use"));
+            }
+            if std::mem::replace(&mut stacked[v as usize], true) {
+                return Err(format!("node {v} is on the vacant stack twice"));
             }
         }
         if vacant + seen != self.nodes.len() {
