@@ -515,68 +515,87 @@ impl Tlsf {
     /// side.
     #[inline(always)]
     pub(crate) fn take(&mut self, i: u32, at: u64, size: u64, kind: NodeKind) -> u32 {
-        let (offset, total, prev, next) = {
+        let (offset, total, prev) = {
             let n = &self.nodes[i as usize];
-            (n.offset, n.size, n.prev_phys, n.next_phys)
+            (n.offset, n.size, n.prev_phys)
         };
         let pad = at - offset;
         let rest = total - pad - size;
-        if pad == 0 && rest == 0 {
-            self.unlink_free(i);
-            self.nodes[i as usize].set_taken(kind);
-            return i;
+        if rest == 0 {
+            // Rare: the range ends where the free node does.
+            return self.take_tail(i, at, size, kind);
         }
+        // Layout: [padding?][taken][i = rest].
         let mut taken = Node {
             offset: at,
             size,
-            prev_phys: NIL,
-            next_phys: NIL,
+            prev_phys: prev,
+            next_phys: i,
             prev_free: NIL,
             next_free: NIL,
         };
         taken.set_taken(kind);
-        if rest > 0 {
-            // Layout: [padding?][taken][i = rest].
-            self.resize_free(i, at + size, rest);
-            taken.prev_phys = prev;
-            taken.next_phys = i;
-            let u = self.new_node(taken);
-            self.nodes[i as usize].prev_phys = u;
-            let before = if pad > 0 {
-                let p = self.new_node(Node {
-                    offset,
-                    size: pad,
-                    prev_phys: prev,
-                    next_phys: u,
-                    prev_free: NIL,
-                    next_free: NIL,
-                });
-                self.nodes[u as usize].prev_phys = p;
-                self.link_free(p);
-                p
-            } else {
-                u
-            };
-            if prev != NIL {
-                self.nodes[prev as usize].next_phys = before;
-            } else {
-                self.first = before;
-            }
-            u
+        self.resize_free(i, at + size, rest);
+        let u = self.new_node(taken);
+        self.nodes[i as usize].prev_phys = u;
+        let before = if pad > 0 {
+            let p = self.new_node(Node {
+                offset,
+                size: pad,
+                prev_phys: prev,
+                next_phys: u,
+                prev_free: NIL,
+                next_free: NIL,
+            });
+            self.nodes[u as usize].prev_phys = p;
+            self.link_free(p);
+            p
         } else {
-            // Layout: [i = padding][taken].
-            self.resize_free(i, offset, pad);
-            taken.prev_phys = i;
-            taken.next_phys = next;
-            let u = self.new_node(taken);
-            self.nodes[i as usize].next_phys = u;
-            if next != NIL {
-                self.nodes[next as usize].prev_phys = u;
-            } else {
-                self.last = u;
-            }
             u
+        };
+        if prev != NIL {
+            self.nodes[prev as usize].next_phys = before;
+        } else {
+            self.first = before;
         }
+        u
+    }
+
+    /// [`Tlsf::take`] when nothing of free node `i` is left after the range: node `i` becomes
+    /// the range itself or keeps only the padding before it. Out of line: it is rare, and
+    /// the common path stays short.
+    #[cold]
+    #[inline(never)]
+    fn take_tail(&mut self, i: u32, at: u64, size: u64, kind: NodeKind) -> u32 {
+        let (offset, next) = {
+            let n = &self.nodes[i as usize];
+            (n.offset, n.next_phys)
+        };
+        let pad = at - offset;
+        if pad == 0 {
+            self.unlink_free(i);
+            self.nodes[i as usize].set_taken(kind);
+            return i;
+        }
+        // Layout: [i = padding][taken].
+        let mut taken = Node {
+            offset: at,
+            size,
+            prev_phys: i,
+            next_phys: next,
+            prev_free: NIL,
+            next_free: NIL,
+        };
+        taken.set_taken(kind);
+        self.resize_free(i, offset, pad);
+        let u = self.new_node(taken);
+        self.nodes[i as usize].next_phys = u;
+        if next != NIL {
+            self.nodes[next as usize].prev_phys = u;
+        } else {
+            self.last = u;
+        }
+        u
     }
 
     /// Returns taken node `i` to the free space, merged with free neighbours (O(1)). A free
