@@ -660,6 +660,28 @@ impl Tlsf {
                 self.recycle(next);
             }
         }
+        if self.first == self.last {
+            self.restart();
+        }
+    }
+
+    /// The block is one free range again: starts the arena afresh, in O(1). Without this,
+    /// the next allocations would take vacant nodes in the order the frees left them,
+    /// scattered over the whole arena (a cache miss per node); from an empty arena they are
+    /// laid out one after the other.
+    #[cold]
+    #[inline(never)]
+    fn restart(&mut self) {
+        let only = self.first;
+        debug_assert!(self.nodes[only as usize].is_free());
+        self.unlink_free(only);
+        // `Node` has no drop glue and the vacant stack holds plain indices: both O(1).
+        self.nodes.clear();
+        self.vacant.clear();
+        self.first = NIL;
+        self.last = NIL;
+        let capacity = std::mem::take(&mut self.capacity);
+        self.grow(capacity);
     }
 
     /// Changes who owns taken node `i` (used when a defragmentation move is committed).
