@@ -377,6 +377,33 @@ fn bad_input_gives_typed_errors() {
 }
 
 #[test]
+fn emptied_block_reuses_ids_but_old_handles_stay_stale() {
+    // Freeing the last allocation restarts the TLSF node arena, so node ids (the handles'
+    // identities) are handed out again from the start; the generation must still tell the
+    // old handles apart, with the same offsets and the same ids.
+    let mut b = VirtualBlock::<u32>::new(1000);
+    let old: Vec<Alloc> = (0..4).map(|i| b.allocate(&req(100), i).unwrap()).collect();
+    for &a in old.iter().rev() {
+        b.free(a).unwrap();
+        b.validate().unwrap();
+    }
+    let new: Vec<Alloc> = (0..4)
+        .map(|i| b.allocate(&req(100), 10 + i).unwrap())
+        .collect();
+    for (o, n) in old.iter().zip(&new) {
+        assert_eq!(o.offset(), n.offset());
+        assert_eq!(b.free(*o), Err(Error::StaleHandle));
+        assert_eq!(b.user_data(*o).err(), Some(Error::StaleHandle));
+    }
+    assert_eq!(b.len(), 4);
+    for (i, n) in new.iter().enumerate() {
+        assert_eq!(b.free(*n), Ok(10 + i as u32));
+    }
+    b.validate().unwrap();
+    assert_eq!(b.largest_free(), 1000);
+}
+
+#[test]
 fn zero_sized_user_data_is_dropped_once_per_allocation() {
     // Zero-sized user data is kept without ids (see `Users`): the values handed back must
     // still balance the values given, whichever way allocations end.
