@@ -83,10 +83,10 @@ pub enum Algorithm {
 /// Which free range a TLSF allocation takes. Ignored by the linear algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
-    /// O(1) good fit: first the head of the size class of the request plus half its
-    /// worst-case alignment padding, if it fits (a tight fit), else the head of the smallest
-    /// size class whose every range fits; an exact search only when both find nothing. Fast,
-    /// with little fragmentation.
+    /// O(1) good fit: first the head of the size class of the request's size rounded up to
+    /// its alignment, if it fits (a tight fit), else the head of the smallest size class
+    /// whose every range fits even with worst-case padding; an exact search only when both
+    /// find nothing. Fast, with little fragmentation.
     #[default]
     Balanced,
     /// The head of the smallest size class whose every range fits, without the tight-fit
