@@ -16,7 +16,7 @@
 use std::num::NonZeroU32;
 
 use super::tlsf::{NodeKind, Tlsf};
-use super::{Alloc, Engine, Error, VirtualBlock};
+use super::{Alloc, Engine, Error, Meta, VirtualBlock};
 
 /// Bounds on one defragmentation pass, like VMA's `maxBytesPerPass` / `maxAllocationsPerPass`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,26 +165,26 @@ impl<U> VirtualBlock<U> {
         self.defrag.forget();
         // Free ranges by offset, and allocations from the top down.
         let mut free: Vec<(u64, u64, u32)> = Vec::new();
-        let mut used: Vec<(u32, u64, u64)> = Vec::new();
+        let mut used: Vec<(u32, u64, u64, u32, u32)> = Vec::new();
         for (node, offset, size, kind) in t.regions() {
             match kind {
                 NodeKind::Free => free.push((offset, size, node)),
-                NodeKind::Used(slot) => used.push((slot, offset, size)),
+                NodeKind::Used { meta, generation } => {
+                    used.push((node, offset, size, meta, generation));
+                }
                 NodeKind::Reserved(_) | NodeKind::Vacant => {}
             }
         }
         let mut moves = Vec::new();
         let mut bytes = 0u64;
-        for &(slot, src, size) in used.iter().rev() {
+        for &(id, src, size, meta, generation) in used.iter().rev() {
             if moves.len() as u64 >= u64::from(limits.max_moves) {
                 break;
             }
             if bytes.checked_add(size).is_none_or(|b| b > limits.max_bytes) {
                 continue;
             }
-            let s = &self.slots[slot as usize];
-            let Some(live) = &s.live else { continue };
-            let mask = (1u64 << (live.align_log2_plus_one.get() - 1)) - 1;
+            let mask = Meta(meta).align() - 1;
             let found = free
                 .iter()
                 .enumerate()
@@ -197,9 +197,8 @@ impl<U> VirtualBlock<U> {
             let index = self.defrag.pending.len() as u32;
             let handle = Alloc {
                 offset: src,
-                slot,
-                generation: s.generation,
-                node: live.node,
+                id,
+                generation,
                 block: self.id,
             };
             let reserved = t.take(node, at, size, NodeKind::Reserved(index));
@@ -241,28 +240,42 @@ impl<U> VirtualBlock<U> {
     /// [`Error::StaleHandle`] returned.
     pub fn commit_move(&mut self, m: &Move) -> Result<Alloc, Error> {
         let p = self.defrag.take(m, self.id)?;
+        let checked = super::check_handle(&self.engine, self.id, p.src);
         let Engine::Tlsf(t) = &mut self.engine else {
             return Err(Error::DefragUnsupported);
         };
-        let Ok(slot) = super::check_handle(&self.slots, self.id, p.src) else {
+        let old = p.src.id;
+        let user = match checked {
+            Ok(_) => self.users.take(old),
+            Err(_) => None,
+        };
+        let (Ok(r), Some(user)) = (checked, user) else {
             t.release(p.node);
             return Err(Error::StaleHandle);
         };
-        let s = &mut self.slots[slot];
-        let Some(live) = s.live.as_mut() else {
-            t.release(p.node);
-            return Err(Error::StaleHandle);
-        };
-        t.set_kind(p.node, NodeKind::Used(slot as u32));
-        let old = std::mem::replace(&mut live.node, p.node);
-        live.offset = t.node_range(p.node).0;
+        // The destination node becomes the allocation (a new id, so a new generation); the
+        // source node is released.
+        let generation = self.generation;
+        self.generation = generation.wrapping_add(1);
+        t.set_kind(
+            p.node,
+            NodeKind::Used {
+                meta: r.meta,
+                generation,
+            },
+        );
+        let offset = t.node_range(p.node).0;
         t.release(old);
-        s.generation = s.generation.wrapping_add(1);
+        self.put_user(p.node, user);
+        if Meta(r.meta).named() {
+            if let Some(name) = self.names.remove(&old) {
+                self.names.insert(p.node, name);
+            }
+        }
         Ok(Alloc {
-            offset: live.offset,
-            slot: slot as u32,
-            generation: s.generation,
-            node: p.node,
+            offset,
+            id: p.node,
+            generation,
             block: self.id,
         })
     }

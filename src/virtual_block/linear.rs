@@ -17,6 +17,9 @@
 
 use std::collections::VecDeque;
 
+use super::Record;
+use super::tlsf::NIL;
+
 /// Owner value of a dead entry.
 const DEAD: u32 = u32::MAX;
 
@@ -54,6 +57,22 @@ pub(crate) enum LinearFail {
     NoSpace,
     /// An upper-address allocation while the block is used as a ring buffer.
     UpperInRing,
+    /// Every slot number is in use.
+    TooManyAllocations,
+}
+
+/// `next_free` of a live slot.
+const LIVE: u32 = NIL - 1;
+
+/// A linear allocation's record; its index is the allocation's identity (the handle's id).
+#[derive(Clone, Debug)]
+struct Slot {
+    offset: u64,
+    size: u64,
+    meta: u32,
+    generation: u32,
+    /// [`LIVE`], or the next free slot.
+    next_free: u32,
 }
 
 /// The linear state of one block.
@@ -65,6 +84,10 @@ pub(crate) struct Linear {
     second: Vec<Entry>,
     mode: Second,
     dead: usize,
+    /// Allocation records by id; entries' owners are indices here.
+    slots: Vec<Slot>,
+    /// Head of the free-slot chain.
+    free_slot: u32,
 }
 
 impl Linear {
@@ -75,6 +98,8 @@ impl Linear {
             second: Vec::new(),
             mode: Second::Empty,
             dead: 0,
+            slots: Vec::new(),
+            free_slot: NIL,
         }
     }
 
@@ -87,6 +112,74 @@ impl Linear {
         self.second.clear();
         self.mode = Second::Empty;
         self.dead = 0;
+        self.free_slot = NIL;
+        for (i, slot) in self.slots.iter_mut().enumerate().rev() {
+            slot.next_free = self.free_slot;
+            self.free_slot = i as u32;
+        }
+    }
+
+    /// The live allocation with id `id`, if there is one.
+    pub(crate) fn record(&self, id: u32) -> Option<Record> {
+        let s = self.slots.get(id as usize)?;
+        (s.next_free == LIVE).then_some(Record {
+            offset: s.offset,
+            size: s.size,
+            meta: s.meta,
+            generation: s.generation,
+        })
+    }
+
+    /// Replaces the meta of live allocation `id`.
+    pub(crate) fn set_meta(&mut self, id: u32, meta: u32) {
+        let s = &mut self.slots[id as usize];
+        debug_assert_eq!(s.next_free, LIVE);
+        s.meta = meta;
+    }
+
+    /// Places `size` aligned to `align` and records it with `meta` and `generation`; returns
+    /// the new allocation's id and offset.
+    pub(crate) fn allocate(
+        &mut self,
+        size: u64,
+        align: u64,
+        upper: bool,
+        meta: u32,
+        generation: u32,
+    ) -> Result<(u32, u64), LinearFail> {
+        let id = if self.free_slot != NIL {
+            self.free_slot
+        } else if self.slots.len() < LIVE as usize {
+            self.slots.len() as u32
+        } else {
+            return Err(LinearFail::TooManyAllocations);
+        };
+        let offset = self.place(size, align, upper, id)?;
+        let slot = Slot {
+            offset,
+            size,
+            meta,
+            generation,
+            next_free: LIVE,
+        };
+        if id as usize == self.slots.len() {
+            self.slots.push(slot);
+        } else {
+            let s = &mut self.slots[id as usize];
+            self.free_slot = s.next_free;
+            *s = slot;
+        }
+        Ok((id, offset))
+    }
+
+    /// Frees live allocation `id`; returns its record.
+    pub(crate) fn free(&mut self, id: u32) -> Option<Record> {
+        let r = self.record(id)?;
+        let found = self.free_entry(r.offset, id);
+        debug_assert!(found, "linear entry missing for a live slot");
+        self.slots[id as usize].next_free = self.free_slot;
+        self.free_slot = id;
+        Some(r)
     }
 
     /// Where the upper stack begins (the lower part may grow up to here).
@@ -97,14 +190,8 @@ impl Linear {
         }
     }
 
-    /// Places `size` aligned to `align`; returns the offset.
-    pub(crate) fn allocate(
-        &mut self,
-        size: u64,
-        align: u64,
-        upper: bool,
-        owner: u32,
-    ) -> Result<u64, LinearFail> {
+    /// Places `size` aligned to `align` for `owner`; returns the offset.
+    fn place(&mut self, size: u64, align: u64, upper: bool, owner: u32) -> Result<u64, LinearFail> {
         let mask = align - 1;
         let align_up = |x: u64| x.checked_add(mask).map(|v| v & !mask);
         if upper {
@@ -170,7 +257,7 @@ impl Linear {
     }
 
     /// Frees the live entry at `offset` owned by `owner`. Returns false when there is none.
-    pub(crate) fn free(&mut self, offset: u64, owner: u32) -> bool {
+    fn free_entry(&mut self, offset: u64, owner: u32) -> bool {
         let in_second = match self.mode {
             Second::Empty => false,
             Second::Upper => self.second.last().is_some_and(|e| offset >= e.offset),
@@ -293,6 +380,37 @@ impl Linear {
         let ends = [self.lower.front(), self.lower.back(), self.second.last()];
         if ends.iter().flatten().any(|e| e.owner == DEAD) {
             return Err("a dead entry was left at an end".into());
+        }
+        // Every live entry has a live slot that describes it, and vice versa.
+        let mut live = 0usize;
+        for e in all.iter().filter(|e| e.owner != DEAD) {
+            match self.record(e.owner) {
+                Some(r) if (r.offset, r.size) == (e.offset, e.size) => live += 1,
+                _ => return Err(format!("entry at {} has no matching slot", e.offset)),
+            }
+        }
+        let live_slots = self.slots.iter().filter(|s| s.next_free == LIVE).count();
+        if live_slots != live {
+            return Err(format!("{live_slots} live slots, {live} live entries"));
+        }
+        let mut free_slots = 0usize;
+        let mut f = self.free_slot;
+        while f != NIL {
+            let s = self
+                .slots
+                .get(f as usize)
+                .ok_or_else(|| format!("free slot {f} out of range"))?;
+            if s.next_free == LIVE {
+                return Err(format!("slot {f} is on the free chain but live"));
+            }
+            free_slots += 1;
+            if free_slots > self.slots.len() {
+                return Err("free-slot chain has a cycle".into());
+            }
+            f = s.next_free;
+        }
+        if free_slots + live_slots != self.slots.len() {
+            return Err("free-slot chain misses slots".into());
         }
         Ok(())
     }

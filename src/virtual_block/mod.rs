@@ -56,7 +56,7 @@ mod tlsf;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::num::{NonZeroU8, NonZeroU32};
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use defrag::{DefragLimits, Move};
@@ -83,9 +83,10 @@ pub enum Algorithm {
 /// Which free range a TLSF allocation takes. Ignored by the linear algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
-    /// O(1) good fit: first the head of the request's own size class if it fits (a tight
-    /// fit), else the head of the smallest size class whose every range fits; an exact search
-    /// only when both find nothing. Fast, with little fragmentation.
+    /// O(1) good fit: first the head of the size class of the request's size rounded up to
+    /// its alignment, if it fits (a tight fit), else the head of the smallest size class
+    /// whose every range fits even with worst-case padding; an exact search only when both
+    /// find nothing. Fast, with little fragmentation.
     #[default]
     Balanced,
     /// The head of the smallest size class whose every range fits, without the tight-fit
@@ -195,11 +196,11 @@ impl<'a> Request<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Alloc {
     offset: u64,
-    slot: u32,
+    /// The allocation's record: its TLSF node (which holds the generation too, so `free`
+    /// checks the handle on the cache line it must touch anyway) or its linear slot.
+    id: u32,
+    /// Drawn from the block's counter when the allocation was made.
     generation: u32,
-    /// The TLSF node (NIL for linear blocks). The slot records it too; carrying it here lets
-    /// `free` fetch the node and the slot at the same time instead of one after the other.
-    node: u32,
     block: NonZeroU32,
 }
 
@@ -296,7 +297,7 @@ pub enum Error {
     StaleHandle,
     /// The handle, move or address belongs to another block.
     ForeignHandle,
-    /// More than `u32::MAX - 1` allocation slots (or TLSF regions).
+    /// More than 2³¹ TLSF regions (or `u32::MAX - 1` linear allocations).
     TooManyAllocations,
     /// More than 65 535 distinct tags in one block.
     TooManyTags,
@@ -364,32 +365,152 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// Per-allocation data kept in the handle table.
+/// The user data of live allocations, by id.
+///
+/// Zero-sized user data (`()`, the common case) is not stored by id at all: all values of a
+/// zero-sized type are alike, so they are kept on a stack that never allocates, `free` hands
+/// back any one of them, and the number kept always equals the number of live allocations
+/// (so each value is still dropped exactly once). This spares `allocate` and `free` a store
+/// and a load in a table as long as the node arena, which was a cache miss on about half of
+/// the frees in the VMA benchmark replica.
 #[derive(Debug)]
-struct Live<U> {
-    offset: u64,
-    size: u64,
-    /// The TLSF node (unused by the linear algorithm).
-    node: u32,
-    /// log2(alignment) + 1; non-zero so that `Option<Live>` needs no extra tag word.
-    align_log2_plus_one: NonZeroU8,
-    /// Whether `VirtualBlock::names` has an entry for this slot.
-    named: bool,
-    /// Index + 1 into `VirtualBlock::tags`; 0 for untagged.
-    tag: u16,
-    user: U,
+struct Users<U> {
+    /// Sized `U`: `Some` exactly for live ids.
+    by_id: Vec<Option<U>>,
+    /// Zero-sized `U`: one value per live allocation.
+    zst: Vec<U>,
 }
 
-/// A handle-table entry: 32 bytes for `U = ()` (names and tags live in side tables), aligned
-/// so that one never straddles two cache lines.
-#[derive(Debug)]
-#[repr(align(32))]
-struct Slot<U> {
-    generation: u32,
-    /// Next free slot while this one is free.
-    next_free: u32,
-    live: Option<Live<U>>,
+impl<U> Default for Users<U> {
+    fn default() -> Self {
+        Users {
+            by_id: Vec::new(),
+            zst: Vec::new(),
+        }
+    }
 }
+
+impl<U> Users<U> {
+    const ZST: bool = std::mem::size_of::<U>() == 0;
+
+    #[inline(always)]
+    fn put(&mut self, id: u32, user: U) {
+        if Self::ZST {
+            self.zst.push(user);
+        } else if let Some(u) = self.by_id.get_mut(id as usize) {
+            *u = Some(user);
+        } else {
+            self.grow(id, user);
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self, id: u32, user: U) {
+        // Ids are dense (arena indices), so the vector grows by one at a time, amortised.
+        self.by_id.resize_with(id as usize, || None);
+        self.by_id.push(Some(user));
+    }
+
+    /// Takes the data of live allocation `id` (the caller has checked that it is live).
+    #[inline(always)]
+    fn take(&mut self, id: u32) -> Option<U> {
+        if Self::ZST {
+            self.zst.pop()
+        } else {
+            self.by_id.get_mut(id as usize).and_then(Option::take)
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<&U> {
+        if Self::ZST {
+            self.zst.first()
+        } else {
+            self.by_id.get(id as usize).and_then(Option::as_ref)
+        }
+    }
+
+    fn get_mut(&mut self, id: u32) -> Option<&mut U> {
+        if Self::ZST {
+            self.zst.first_mut()
+        } else {
+            self.by_id.get_mut(id as usize).and_then(Option::as_mut)
+        }
+    }
+
+    /// How many values are kept.
+    fn len(&self) -> usize {
+        if Self::ZST {
+            self.zst.len()
+        } else {
+            self.by_id.iter().filter(|u| u.is_some()).count()
+        }
+    }
+
+    fn clear(&mut self) {
+        self.by_id.clear();
+        self.zst.clear();
+    }
+}
+
+/// Why `allocate_core` or `free_core` failed: a small code that fits in a register, turned
+/// into an [`Error`] (with its details) by the inlined public wrappers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fail {
+    ZeroSize,
+    BadAlignment,
+    TooManyTags,
+    UpperAddressNotLinear,
+    UpperAddressInRing,
+    TooManyAllocations,
+    OutOfSpace,
+    StaleHandle,
+    ForeignHandle,
+}
+
+/// What the algorithm records for a live allocation (user data aside).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub offset: u64,
+    pub size: u64,
+    /// [`Meta`] bits.
+    pub meta: u32,
+    pub generation: u32,
+}
+
+/// An allocation's alignment, tag and whether it is named, packed into 23 bits so that the
+/// TLSF node of a used range can carry them (see `tlsf::TAKEN`): bits 0..6 log2(alignment),
+/// bit 6 named, bits 7..23 the tag code (index + 1 into `VirtualBlock::tags`, 0 untagged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Meta(u32);
+
+impl Meta {
+    const NAMED: u32 = 1 << 6;
+    const TAG_SHIFT: u32 = 7;
+
+    #[inline]
+    fn new(align: u64, named: bool, tag: u16) -> Self {
+        Meta(align.trailing_zeros() | u32::from(named) << 6 | u32::from(tag) << Self::TAG_SHIFT)
+    }
+    fn align(self) -> u64 {
+        1 << (self.0 & 63)
+    }
+    #[inline]
+    fn named(self) -> bool {
+        self.0 & Self::NAMED != 0
+    }
+    fn tag(self) -> u16 {
+        (self.0 >> Self::TAG_SHIFT) as u16
+    }
+    fn with_named(self, named: bool) -> Self {
+        Meta(self.0 & !Self::NAMED | u32::from(named) << 6)
+    }
+    fn with_tag(self, tag: u16) -> Self {
+        Meta(self.0 & !(0xffff << Self::TAG_SHIFT) | u32::from(tag) << Self::TAG_SHIFT)
+    }
+}
+
+// The 16-bit tag code ends at bit 23, inside what a used TLSF node can carry.
+const _: () = assert!((1u32 << (Meta::TAG_SHIFT + 16)) - 1 <= tlsf::META_MASK);
 
 #[derive(Clone, Debug)]
 enum Engine {
@@ -397,22 +518,36 @@ enum Engine {
     Linear(Linear),
 }
 
-/// Encodes a power-of-two alignment for [`Live`].
-fn align_code(align: u64) -> NonZeroU8 {
-    NonZeroU8::MIN.saturating_add(align.trailing_zeros() as u8)
+impl Engine {
+    /// The live allocation `id` (any generation), if there is one.
+    #[inline(always)]
+    fn record(&self, id: u32) -> Option<Record> {
+        match self {
+            Engine::Tlsf(t) => t.record(id),
+            Engine::Linear(l) => l.record(id),
+        }
+    }
+
+    fn set_meta(&mut self, id: u32, meta: Meta) {
+        match self {
+            Engine::Tlsf(t) => t.set_meta(id, meta.0),
+            Engine::Linear(l) => l.set_meta(id, meta.0),
+        }
+    }
 }
 
-/// The slot index of a live handle of block `id`, or why it is not one.
+/// The record of `a` if it is a live allocation of `engine`, or why it is not one.
 #[inline(always)]
-fn check_handle<U>(slots: &[Slot<U>], id: NonZeroU32, a: Alloc) -> Result<usize, Error> {
+fn check_handle(engine: &Engine, id: NonZeroU32, a: Alloc) -> Result<Record, Error> {
     if a.block != id {
         return Err(Error::ForeignHandle);
     }
-    match slots.get(a.slot as usize) {
-        Some(s) if s.generation == a.generation && s.live.is_some() => Ok(a.slot as usize),
-        Some(_) => Err(Error::StaleHandle),
-        // Slots are never removed, so this block never issued such a handle.
-        None => Err(Error::ForeignHandle),
+    // Handles carry private fields and block ids are unique, so this block issued `a`: a
+    // mismatch means the allocation is gone (the offset check guards against a wrapped
+    // generation counter landing on the same node).
+    match engine.record(a.id) {
+        Some(r) if r.generation == a.generation && r.offset == a.offset => Ok(r),
+        _ => Err(Error::StaleHandle),
     }
 }
 
@@ -435,17 +570,22 @@ pub struct VirtualBlock<U = ()> {
     id: NonZeroU32,
     capacity: u64,
     engine: Engine,
-    slots: Vec<Slot<U>>,
-    /// Head of the free-slot chain.
-    free_slot: u32,
+    /// User data by allocation id. Everything else about an allocation lives in its TLSF
+    /// node or linear slot.
+    users: Users<U>,
+    /// The next allocation's generation. One counter for the block rather than one per id:
+    /// an id's generation need not survive while the id is free (a TLSF node is then part
+    /// of a free range), and a stale handle matches only if the same id gets the same 32-bit
+    /// value at the same offset.
+    generation: u32,
     /// Live user allocations and their requested bytes.
     live_count: u32,
     live_bytes: u64,
     defrag: defrag::DefragState,
     name: Option<Box<str>>,
-    /// Distinct tags in use, so that a slot stores a 2-byte index.
+    /// Distinct tags in use, so that an allocation stores a 2-byte index.
     tags: Vec<Tag>,
-    /// Names of the allocations that have one, by slot (names are rare and cold).
+    /// Names of the allocations that have one, by id (names are rare and cold).
     names: HashMap<u32, Box<str>>,
 }
 
@@ -479,8 +619,8 @@ impl<U> VirtualBlock<U> {
             id: next_block_id(),
             capacity,
             engine,
-            slots: Vec::new(),
-            free_slot: NIL,
+            users: Users::default(),
+            generation: 0,
             live_count: 0,
             live_bytes: 0,
             defrag: defrag::DefragState::default(),
@@ -527,77 +667,100 @@ impl<U> VirtualBlock<U> {
     ///
     /// TLSF: O(1) unless the good-fit lists are empty, and it fails only when no free range
     /// can hold the request after alignment.
+    #[inline]
     pub fn allocate(&mut self, req: &Request<'_>, user: U) -> Result<Alloc, Error> {
+        // A thin wrapper, inlined into the caller, around a core that returns two registers:
+        // the handle is then built where it is used instead of being passed back through
+        // memory (a 40-byte `Result` written field by field and read back with wider loads,
+        // which the CPU cannot forward from its store buffer).
+        let (offset, key) = self.allocate_core(req, user);
+        if key as u32 != NIL {
+            Ok(Alloc {
+                offset,
+                id: key as u32,
+                generation: (key >> 32) as u32,
+                block: self.id,
+            })
+        } else {
+            Err(self.failure(offset, req))
+        }
+    }
+
+    /// [`allocate`](Self::allocate) without the handle: `(offset, generation << 32 | id)` on
+    /// success, `(Fail as u64, NIL)` on failure (`NIL` is never an id).
+    #[inline(never)]
+    fn allocate_core(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
+        let fail = |f: Fail| (f as u64, u64::from(NIL));
         if req.size == 0 {
-            return Err(Error::ZeroSize);
+            return fail(Fail::ZeroSize);
         }
         if !req.align.is_power_of_two() {
-            return Err(Error::BadAlignment(req.align));
+            return fail(Fail::BadAlignment);
         }
-        let tag = self.tag_code(req.tag)?;
-        let slot = if self.free_slot != NIL {
-            self.free_slot
-        } else if self.slots.len() < (NIL - 1) as usize {
-            self.slots.len() as u32
-        } else {
-            return Err(Error::TooManyAllocations);
+        let Ok(tag) = self.tag_code(req.tag) else {
+            return fail(Fail::TooManyTags);
         };
-        let (node, offset) = match &mut self.engine {
+        let meta = Meta::new(req.align, req.name.is_some(), tag);
+        let generation = self.generation;
+        let (id, offset) = match &mut self.engine {
             Engine::Tlsf(t) => {
                 if req.upper {
-                    return Err(Error::UpperAddressNotLinear);
+                    return fail(Fail::UpperAddressNotLinear);
                 }
                 if !t.has_room() {
-                    return Err(Error::TooManyAllocations);
+                    return fail(Fail::TooManyAllocations);
                 }
                 match t.find(req.size, req.align, req.strategy) {
-                    Some((i, at)) => (t.take(i, at, req.size, NodeKind::Used(slot)), at),
-                    None => return Err(self.out_of_space(req)),
+                    Some((i, at)) => {
+                        let kind = NodeKind::Used {
+                            meta: meta.0,
+                            generation,
+                        };
+                        (t.take(i, at, req.size, kind), at)
+                    }
+                    None => return fail(Fail::OutOfSpace),
                 }
             }
-            Engine::Linear(l) => match l.allocate(req.size, req.align, req.upper, slot) {
-                Ok(at) => (NIL, at),
-                Err(LinearFail::UpperInRing) => return Err(Error::UpperAddressInRing),
-                Err(LinearFail::NoSpace) => return Err(self.out_of_space(req)),
-            },
+            Engine::Linear(l) => {
+                match l.allocate(req.size, req.align, req.upper, meta.0, generation) {
+                    Ok(placed) => placed,
+                    Err(LinearFail::UpperInRing) => return fail(Fail::UpperAddressInRing),
+                    Err(LinearFail::TooManyAllocations) => return fail(Fail::TooManyAllocations),
+                    Err(LinearFail::NoSpace) => return fail(Fail::OutOfSpace),
+                }
+            }
         };
-        let live = Live {
-            offset,
-            size: req.size,
-            node,
-            align_log2_plus_one: align_code(req.align),
-            named: req.name.is_some(),
-            tag,
-            user,
-        };
-        let generation = if slot as usize == self.slots.len() {
-            self.slots.push(Slot {
-                generation: 0,
-                next_free: NIL,
-                live: Some(live),
-            });
-            0
-        } else {
-            let s = &mut self.slots[slot as usize];
-            self.free_slot = s.next_free;
-            s.live = Some(live);
-            s.generation
-        };
+        self.generation = generation.wrapping_add(1);
+        self.put_user(id, user);
         if let Some(name) = req.name {
-            self.names.insert(slot, name.into());
+            self.names.insert(id, name.into());
         }
         self.live_count += 1;
         self.live_bytes += req.size;
-        Ok(Alloc {
-            offset,
-            slot,
-            generation,
-            node,
-            block: self.id,
-        })
+        (offset, u64::from(generation) << 32 | u64::from(id))
     }
 
-    /// The slot code of a tag, adding it to the table when new.
+    /// The error for a [`Fail`] code of `allocate_core` (given as its `u64`).
+    #[cold]
+    fn failure(&self, code: u64, req: &Request<'_>) -> Error {
+        match code {
+            c if c == Fail::ZeroSize as u64 => Error::ZeroSize,
+            c if c == Fail::BadAlignment as u64 => Error::BadAlignment(req.align),
+            c if c == Fail::TooManyTags as u64 => Error::TooManyTags,
+            c if c == Fail::UpperAddressNotLinear as u64 => Error::UpperAddressNotLinear,
+            c if c == Fail::UpperAddressInRing as u64 => Error::UpperAddressInRing,
+            c if c == Fail::TooManyAllocations as u64 => Error::TooManyAllocations,
+            _ => self.out_of_space(req),
+        }
+    }
+
+    /// Stores the user data of new allocation `id`.
+    #[inline(always)]
+    fn put_user(&mut self, id: u32, user: U) {
+        self.users.put(id, user);
+    }
+
+    /// The code of a tag, adding it to the table when new.
     #[inline]
     fn tag_code(&mut self, tag: Option<Tag>) -> Result<u16, Error> {
         let Some(tag) = tag else { return Ok(0) };
@@ -611,7 +774,7 @@ impl<U> VirtualBlock<U> {
         Ok(self.tags.len() as u16)
     }
 
-    /// The tag of a slot code.
+    /// The tag of a code.
     fn tag_of(&self, code: u16) -> Option<Tag> {
         code.checked_sub(1).map(|i| self.tags[usize::from(i)])
     }
@@ -626,60 +789,67 @@ impl<U> VirtualBlock<U> {
         }
     }
 
-    /// The slot index of a live handle, or why it is not one.
-    fn check(&self, a: Alloc) -> Result<usize, Error> {
-        check_handle(&self.slots, self.id, a)
-    }
-
-    fn live(&self, a: Alloc) -> Result<&Live<U>, Error> {
-        let i = self.check(a)?;
-        self.slots[i].live.as_ref().ok_or(Error::StaleHandle)
-    }
-
-    fn live_mut(&mut self, a: Alloc) -> Result<&mut Live<U>, Error> {
-        let i = self.check(a)?;
-        self.slots[i].live.as_mut().ok_or(Error::StaleHandle)
+    /// The record of a live handle, or why it is not one.
+    #[inline(always)]
+    fn check(&self, a: Alloc) -> Result<Record, Error> {
+        check_handle(&self.engine, self.id, a)
     }
 
     /// Frees an allocation and returns its user data. O(1) with TLSF (merging with free
     /// neighbours), O(log n) at worst with the linear algorithm.
+    #[inline]
     pub fn free(&mut self, a: Alloc) -> Result<U, Error> {
-        let i = self.check(a)?;
-        let slot = &mut self.slots[i];
-        let live = slot.live.take().ok_or(Error::StaleHandle)?;
-        slot.generation = slot.generation.wrapping_add(1);
-        slot.next_free = self.free_slot;
-        self.free_slot = i as u32;
+        // Inlined wrapper, like `allocate`'s: the handle goes in registers and a failure
+        // comes back as a one-byte code rather than a 40-byte `Error` through memory.
+        self.free_core(a.offset, a.id, a.generation, a.block)
+            .map_err(|f| match f {
+                Fail::ForeignHandle => Error::ForeignHandle,
+                _ => Error::StaleHandle,
+            })
+    }
+
+    #[inline(never)]
+    fn free_core(
+        &mut self,
+        offset: u64,
+        id: u32,
+        generation: u32,
+        block: NonZeroU32,
+    ) -> Result<U, Fail> {
+        let a = Alloc {
+            offset,
+            id,
+            generation,
+            block,
+        };
+        let r = self.check(a).map_err(|e| match e {
+            Error::ForeignHandle => Fail::ForeignHandle,
+            _ => Fail::StaleHandle,
+        })?;
+        // A live record always has its user data; taking it before touching the algorithm
+        // keeps the block unchanged should that ever not hold.
+        let user = self.users.take(a.id).ok_or(Fail::StaleHandle)?;
         match &mut self.engine {
-            Engine::Tlsf(t) => {
-                // Handles are only made here and by `commit_move`, always with the slot's node.
-                debug_assert_eq!(a.node, live.node);
-                t.release(a.node)
-            }
+            Engine::Tlsf(t) => t.release(a.id),
             Engine::Linear(l) => {
-                let found = l.free(live.offset, i as u32);
-                debug_assert!(found, "linear entry missing for a live handle");
+                let freed = l.free(a.id);
+                debug_assert_eq!(freed, Some(r));
             }
         }
-        if live.named {
-            self.names.remove(&(i as u32));
+        if Meta(r.meta).named() {
+            self.names.remove(&a.id);
         }
         self.live_count -= 1;
-        self.live_bytes -= live.size;
-        Ok(live.user)
+        self.live_bytes -= r.size;
+        Ok(user)
     }
 
     /// Frees everything at once (dropping the user data); every handle becomes stale, and
     /// pending defragmentation moves are forgotten.
     pub fn clear(&mut self) {
-        self.free_slot = NIL;
-        for (i, slot) in self.slots.iter_mut().enumerate().rev() {
-            if slot.live.take().is_some() {
-                slot.generation = slot.generation.wrapping_add(1);
-            }
-            slot.next_free = self.free_slot;
-            self.free_slot = i as u32;
-        }
+        // Old handles stay stale: the generation counter carries on, so no new allocation
+        // repeats theirs (and ids beyond the emptied arena are simply not live).
+        self.users.clear();
         match &mut self.engine {
             Engine::Tlsf(t) => t.clear(),
             Engine::Linear(l) => l.clear(),
@@ -721,24 +891,30 @@ impl<U> VirtualBlock<U> {
 
     /// Everything about a live allocation.
     pub fn info(&self, a: Alloc) -> Result<AllocInfo<'_, U>, Error> {
-        let l = self.live(a)?;
-        Ok(self.info_of(a, l))
+        let r = self.check(a)?;
+        self.info_of(a.id, r).ok_or(Error::StaleHandle)
     }
 
-    fn info_of<'a>(&'a self, handle: Alloc, l: &'a Live<U>) -> AllocInfo<'a, U> {
-        AllocInfo {
-            handle,
-            offset: l.offset,
-            size: l.size,
-            align: 1 << (l.align_log2_plus_one.get() - 1),
-            tag: self.tag_of(l.tag),
-            name: if l.named {
-                self.names.get(&handle.slot).map(|n| &**n)
+    fn info_of(&self, id: u32, r: Record) -> Option<AllocInfo<'_, U>> {
+        let meta = Meta(r.meta);
+        Some(AllocInfo {
+            handle: Alloc {
+                offset: r.offset,
+                id,
+                generation: r.generation,
+                block: self.id,
+            },
+            offset: r.offset,
+            size: r.size,
+            align: meta.align(),
+            tag: self.tag_of(meta.tag()),
+            name: if meta.named() {
+                self.names.get(&id).map(|n| &**n)
             } else {
                 None
             },
-            user: &l.user,
-        }
+            user: self.users.get(id)?,
+        })
     }
 
     /// True when `a` is a live allocation of this block.
@@ -748,45 +924,63 @@ impl<U> VirtualBlock<U> {
 
     /// The user data of a live allocation.
     pub fn user_data(&self, a: Alloc) -> Result<&U, Error> {
-        Ok(&self.live(a)?.user)
+        self.check(a)?;
+        self.users.get(a.id).ok_or(Error::StaleHandle)
     }
 
     /// The user data of a live allocation, to change it.
     pub fn user_data_mut(&mut self, a: Alloc) -> Result<&mut U, Error> {
-        Ok(&mut self.live_mut(a)?.user)
+        self.check(a)?;
+        self.users.get_mut(a.id).ok_or(Error::StaleHandle)
     }
 
     /// Renames an allocation (`None` removes the name).
     pub fn set_allocation_name(&mut self, a: Alloc, name: Option<&str>) -> Result<(), Error> {
-        let live = self.live_mut(a)?;
-        live.named = name.is_some();
+        let r = self.check(a)?;
+        self.engine
+            .set_meta(a.id, Meta(r.meta).with_named(name.is_some()));
         match name {
-            Some(n) => self.names.insert(a.slot, n.into()),
-            None => self.names.remove(&a.slot),
+            Some(n) => self.names.insert(a.id, n.into()),
+            None => self.names.remove(&a.id),
         };
         Ok(())
     }
 
     /// Re-tags an allocation.
     pub fn set_tag(&mut self, a: Alloc, tag: Option<Tag>) -> Result<(), Error> {
-        self.live(a)?;
+        let r = self.check(a)?;
         let code = self.tag_code(tag)?;
-        self.live_mut(a)?.tag = code;
+        self.engine.set_meta(a.id, Meta(r.meta).with_tag(code));
         Ok(())
     }
 
-    /// The handle of the live allocation in `slot`, with its data.
-    fn slot_info(&self, slot: u32) -> Option<AllocInfo<'_, U>> {
-        let s = self.slots.get(slot as usize)?;
-        let l = s.live.as_ref()?;
-        let handle = Alloc {
-            offset: l.offset,
-            slot,
-            generation: s.generation,
-            node: l.node,
-            block: self.id,
-        };
-        Some(self.info_of(handle, l))
+    /// Every taken range in offset order: `(offset, size, owner)`.
+    fn taken(&self) -> Box<dyn Iterator<Item = (u64, u64, Owner)> + '_> {
+        match &self.engine {
+            Engine::Tlsf(t) => Box::new(t.taken().map(|(i, o, s, k)| {
+                let owner = match k {
+                    NodeKind::Used { meta, generation } => Owner::Alloc(
+                        i,
+                        Record {
+                            offset: o,
+                            size: s,
+                            meta,
+                            generation,
+                        },
+                    ),
+                    NodeKind::Reserved(_) | NodeKind::Free | NodeKind::Vacant => Owner::Reserved,
+                };
+                (o, s, owner)
+            })),
+            Engine::Linear(l) => Box::new(l.taken().map(|(o, s, id)| {
+                let owner = match l.record(id) {
+                    Some(r) => Owner::Alloc(id, r),
+                    // Only reachable if the structures are corrupt; validate() reports it.
+                    None => Owner::Reserved,
+                };
+                (o, s, owner)
+            })),
+        }
     }
 
     /// Every range of the block in offset order: allocations, reserved and free space.
@@ -801,20 +995,9 @@ impl<U> VirtualBlock<U> {
     /// # Ok::<(), tagalloc::virtual_block::Error>(())
     /// ```
     pub fn ranges(&self) -> Ranges<'_, U> {
-        let taken: Box<dyn Iterator<Item = (u64, u64, Owner)> + '_> = match &self.engine {
-            Engine::Tlsf(t) => Box::new(t.taken().map(|(o, s, k)| {
-                let owner = match k {
-                    NodeKind::Reserved(_) => Owner::Reserved,
-                    NodeKind::Used(slot) => Owner::Slot(slot),
-                    NodeKind::Free | NodeKind::Vacant => Owner::Slot(NIL),
-                };
-                (o, s, owner)
-            })),
-            Engine::Linear(l) => Box::new(l.taken().map(|(o, s, slot)| (o, s, Owner::Slot(slot)))),
-        };
         Ranges {
             block: self,
-            taken,
+            taken: self.taken(),
             cursor: 0,
             held: None,
         }
@@ -831,8 +1014,9 @@ impl<U> VirtualBlock<U> {
             Engine::Tlsf(t) => t.validate()?,
             Engine::Linear(l) => l.validate()?,
         }
-        let mut seen = vec![false; self.slots.len()];
+        let mut seen = std::collections::HashSet::new();
         let (mut count, mut bytes, mut reserved, mut reserved_bytes, mut free) = (0u32, 0, 0, 0, 0);
+        let mut named = 0usize;
         let mut end = 0u64;
         for r in self.ranges() {
             if r.offset() != end || r.size() == 0 {
@@ -841,15 +1025,29 @@ impl<U> VirtualBlock<U> {
             end += r.size();
             match r {
                 Range::Allocation(a) => {
-                    let slot = a.handle.slot as usize;
-                    if std::mem::replace(&mut seen[slot], true) {
-                        return Err(format!("slot {slot} listed twice"));
+                    let id = a.handle.id;
+                    if !seen.insert(id) {
+                        return Err(format!("allocation {id} listed twice"));
                     }
                     if a.offset % a.align != 0 {
                         return Err(format!(
                             "allocation at {} not aligned to {}",
                             a.offset, a.align
                         ));
+                    }
+                    let meta = self
+                        .engine
+                        .record(a.handle.id)
+                        .map(|r| Meta(r.meta))
+                        .ok_or_else(|| format!("allocation {id} has no record"))?;
+                    if meta.named() != self.names.contains_key(&a.handle.id) {
+                        return Err(format!(
+                            "allocation {id}: name flag disagrees with the table"
+                        ));
+                    }
+                    named += usize::from(meta.named());
+                    if usize::from(meta.tag()) > self.tags.len() {
+                        return Err(format!("allocation {id}: tag index out of the table"));
                     }
                     count += 1;
                     bytes += a.size;
@@ -880,50 +1078,14 @@ impl<U> VirtualBlock<U> {
             ));
         }
         if let Engine::Tlsf(t) = &self.engine {
-            for (i, _, _, kind) in t.regions() {
-                if let NodeKind::Used(slot) = kind {
-                    let node = self.slots[slot as usize].live.as_ref().map(|l| l.node);
-                    if node != Some(i) {
-                        return Err(format!("slot {slot} does not point back at node {i}"));
-                    }
-                }
-            }
             self.defrag.validate(t)?;
         }
-        let live_slots = self.slots.iter().filter(|s| s.live.is_some()).count();
-        if live_slots != count as usize || seen.iter().filter(|&&s| s).count() != live_slots {
-            return Err("live slots and listed allocations differ".into());
+        // Listed allocations have user data (else `ranges` shows them reserved, which the
+        // counters catch); nothing else may.
+        if self.users.len() != count as usize {
+            return Err("user data kept for freed allocations".into());
         }
-        let mut free_slots = 0usize;
-        let mut f = self.free_slot;
-        while f != NIL {
-            let s = self
-                .slots
-                .get(f as usize)
-                .ok_or_else(|| format!("free slot {f} out of range"))?;
-            if s.live.is_some() {
-                return Err(format!("slot {f} is on the free chain but live"));
-            }
-            free_slots += 1;
-            if free_slots > self.slots.len() {
-                return Err("free-slot chain has a cycle".into());
-            }
-            f = s.next_free;
-        }
-        if free_slots + live_slots != self.slots.len() {
-            return Err("free-slot chain misses slots".into());
-        }
-        for (i, s) in self.slots.iter().enumerate() {
-            if let Some(l) = &s.live {
-                if l.named != self.names.contains_key(&(i as u32)) {
-                    return Err(format!("slot {i}: name flag disagrees with the name table"));
-                }
-                if usize::from(l.tag) > self.tags.len() {
-                    return Err(format!("slot {i}: tag index out of the table"));
-                }
-            }
-        }
-        if self.names.len() > live_slots {
+        if self.names.len() != named {
             return Err("names kept for freed allocations".into());
         }
         Ok(())
@@ -933,7 +1095,8 @@ impl<U> VirtualBlock<U> {
 /// What occupies a taken range.
 #[derive(Clone, Copy, Debug)]
 enum Owner {
-    Slot(u32),
+    /// A live allocation: its id and record.
+    Alloc(u32, Record),
     Reserved,
 }
 
@@ -964,7 +1127,7 @@ impl<'a, U> Iterator for Ranges<'a, U> {
                 self.cursor = offset + size;
                 Some(match owner {
                     Owner::Reserved => Range::Reserved { offset, size },
-                    Owner::Slot(slot) => match self.block.slot_info(slot) {
+                    Owner::Alloc(id, r) => match self.block.info_of(id, r) {
                         Some(info) => Range::Allocation(info),
                         // Only reachable if the structures are corrupt; validate() reports it.
                         None => Range::Reserved { offset, size },

@@ -1,6 +1,6 @@
 //! Statistics: VMA's basic and detailed figures, per-tag sums and a fragmentation metric.
 
-use super::{Engine, Range, Tag, VirtualBlock};
+use super::{Engine, Meta, Owner, Range, Tag, VirtualBlock};
 
 /// The O(1) figures of a block, field for field VMA's `VmaStatistics`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -126,10 +126,7 @@ impl<U> VirtualBlock<U> {
     /// ```
     pub fn fragmentation(&self) -> f64 {
         match &self.engine {
-            Engine::Tlsf(t) => {
-                let totals = t.totals();
-                fragmentation_metric(totals.bytes, totals.squares)
-            }
+            Engine::Tlsf(t) => fragmentation_metric(self.free_bytes(), t.free_squares()),
             Engine::Linear(_) => {
                 let (sum, squares) = self.free_ranges().fold((0u64, 0u128), |(s, q), (_, f)| {
                     (s + f, q + u128::from(f) * u128::from(f))
@@ -185,10 +182,12 @@ impl<U> VirtualBlock<U> {
     pub fn tag_statistics(&self) -> Vec<TagStatistics> {
         // Sum by tag code first (codes index the block's tag table), then sort by tag.
         let mut by_code: Vec<(u32, u64)> = vec![(0, 0); self.tags.len() + 1];
-        for l in self.slots.iter().filter_map(|s| s.live.as_ref()) {
-            let e = &mut by_code[usize::from(l.tag)];
-            e.0 += 1;
-            e.1 += l.size;
+        for (_, _, owner) in self.taken() {
+            if let Owner::Alloc(_, r) = owner {
+                let e = &mut by_code[usize::from(Meta(r.meta).tag())];
+                e.0 += 1;
+                e.1 += r.size;
+            }
         }
         let mut out: Vec<TagStatistics> = by_code
             .into_iter()
