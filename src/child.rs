@@ -150,6 +150,10 @@ impl<P: BlockAllocator> Child<P> {
     #[inline]
     fn account(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
+        if counters.count_allocation(self.registration.budget(), block.size, layout.size()) {
+            return Some(block);
+        }
+        // A budget is set (or no shard): the exact shared path.
         let live = counters.add_granted(block.size);
         if self.registration.budget().exceeded_by(live) && !self.over_budget(live, block.size) {
             counters.undo_granted(block.size);
@@ -208,8 +212,11 @@ impl<P: BlockAllocator> Child<P> {
     pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // SAFETY: forwarded from the caller.
         let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
-        self.counters()
-            .record_free(granted, layout.size().min(granted));
+        self.counters().count_free(
+            self.registration.budget(),
+            granted,
+            layout.size().min(granted),
+        );
         granted
     }
 
@@ -244,6 +251,10 @@ impl<P: BlockAllocator> Child<P> {
         // SAFETY: forwarded from the caller.
         let (new, old) = unsafe { self.parent.reallocate_block(ptr, layout, new_size)? };
         let counters = self.counters();
+        let budget = self.registration.budget();
+        if counters.count_resize(budget, old, new.size, layout.size().min(old), new_size) {
+            return Some((new, old));
+        }
         let live = counters.record_resize(old, new.size, layout.size().min(old), new_size);
         if new.size > old && self.registration.budget().exceeded_by(live) {
             // Warn mode (Fail mode took the branch above): the hook is told, the block kept.
