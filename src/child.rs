@@ -153,7 +153,15 @@ impl<P: BlockAllocator> Child<P> {
         if counters.count_allocation(self.registration.budget(), block.size, layout.size()) {
             return Some(block);
         }
-        // A budget is set (or no shard): the exact shared path.
+        self.account_exact(block, layout)
+    }
+
+    /// [`account`](Self::account) with the shared atomics (a budget is set, or no shard);
+    /// out of line so the common path stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn account_exact(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
+        let counters = self.counters();
         let live = counters.add_granted(block.size);
         if self.registration.budget().exceeded_by(live) && !self.over_budget(live, block.size) {
             counters.undo_granted(block.size);

@@ -243,6 +243,13 @@ impl Counters {
                 return;
             }
         }
+        self.record_free_exact(granted, requested);
+    }
+
+    /// [`record_free`](Self::record_free), out of line (see [`count_free`](Self::count_free)).
+    #[cold]
+    #[inline(never)]
+    fn record_free_exact(&self, granted: usize, requested: usize) {
         self.record_free(granted, requested);
     }
 
@@ -269,7 +276,8 @@ impl Counters {
 
     /// Before a call counted with the shared atomics because of a budget: makes sure the
     /// shared live figure holds every thread's bytes, so the budget check is exact.
-    #[inline]
+    #[cold]
+    #[inline(never)]
     fn prepare_exact(&'static self) {
         let route = self.route.load(Acquire);
         if route & EXACT == 0 {
