@@ -770,27 +770,41 @@ mod tests {
     fn a_budget_publishes_every_shard_and_counts_exactly() {
         let c = &BUDGETED;
         let step = Barrier::new(2);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                assert!(alloc(c, &BUDGET, 10_000, 10_000), "no budget yet: shard");
+        // (Checked after the scope: a failed assertion inside would leave the other thread
+        // waiting at the barrier.)
+        let (pending, counted_in_shard, live_seen, after_switch, peak) = std::thread::scope(|s| {
+            let other = s.spawn(|| {
+                let in_shard = alloc(c, &BUDGET, 10_000, 10_000);
                 step.wait();
                 step.wait();
                 // With the budget set, this thread counts exactly too.
-                assert!(!alloc(c, &BUDGET, 1_000, 1_000));
+                let exact = !alloc(c, &BUDGET, 1_000, 1_000);
                 c.count_free(&BUDGET, 10_000, 10_000);
+                (in_shard, exact)
             });
             step.wait();
-            assert_eq!(shared(c).0, 0, "pending in the other thread's shard");
+            let pending = shared(c).0;
             BUDGET.set(Some(15_000), BudgetMode::Fail);
             // The first call that sees the budget publishes the other thread's bytes, so
-            // its own live figure (what the budget checks) is exact.
-            assert!(!c.count_allocation(&BUDGET, 8_000, 8_000));
-            assert_eq!(c.add_granted(8_000), 18_000);
+            // the live figure the budget checks is exact.
+            let counted_in_shard = c.count_allocation(&BUDGET, 8_000, 8_000);
+            let live_seen = c.add_granted(8_000);
             c.undo_granted(8_000);
-            assert_eq!(shared(c).0, 10_000);
-            assert_eq!(c.snapshot().peak_granted_bytes, Some(10_000));
+            let after_switch = shared(c).0;
+            let peak = c.snapshot().peak_granted_bytes;
             step.wait();
+            let (in_shard, exact) = other.join().unwrap();
+            assert!(in_shard && exact);
+            (pending, counted_in_shard, live_seen, after_switch, peak)
         });
+        assert_eq!(pending, 0, "pending in the other thread's shard");
+        assert!(
+            !counted_in_shard,
+            "a budget routes calls to the shared atomics"
+        );
+        assert_eq!(live_seen, 18_000);
+        assert_eq!(after_switch, 10_000);
+        assert_eq!(peak, Some(10_000));
         assert_eq!(shared(c).0, 1_000);
         assert_eq!(c.snapshot().peak_granted_bytes, Some(11_000));
         // Budget removed: back to the shards, still exact.
