@@ -157,7 +157,7 @@ impl<P: BlockAllocator> Child<P> {
     }
 
     /// [`account`](Self::account) with the shared atomics (a budget is set, or no shard);
-    /// out of line so the common path stays small enough to inline.
+    /// out of line, so the common path carries none of its code or register pressure.
     #[cold]
     #[inline(never)]
     fn account_exact(&self, block: Allocation, layout: Layout) -> Option<Allocation> {

@@ -38,7 +38,7 @@
 mod shard;
 
 pub(crate) use shard::ShardSet;
-use shard::{SLOTS, ShardSum};
+use shard::{SLOTS, Shard, ShardSum};
 
 use crate::budget::Budget;
 use crate::thread_cache;
@@ -68,7 +68,10 @@ pub struct AllocatorStats {
     pub frees: u64,
     /// Resizes that kept the block alive (realloc, grow, shrink).
     pub reallocations: u64,
-    /// The highest `live_granted_bytes` ever reached (`None` where not tracked).
+    /// The highest `live_granted_bytes` ever reached (`None` where not tracked). For a
+    /// child allocator without a budget it is kept from per-thread counts and may be off by
+    /// up to [`Counters::PEAK_TOLERANCE_PER_THREAD`] per thread that used the allocator (see
+    /// [`Counters`]); it is never below a live figure a snapshot reported.
     pub peak_granted_bytes: Option<usize>,
     /// Bytes held from the parent or the OS: live blocks plus whatever the allocator keeps
     /// for reuse (free slots in pool pages, free heap pages). A child holds nothing beyond
@@ -162,7 +165,7 @@ impl Counters {
 
     /// The shard slot to count in, or `None` to count with the shared atomics (the
     /// allocator has a budget, or has no slot).
-    #[inline(always)]
+    #[inline]
     fn shard_slot(&'static self, budget: &Budget) -> Option<usize> {
         if budget.is_set() {
             self.prepare_exact();
@@ -211,6 +214,41 @@ impl Counters {
         }
     }
 
+    /// Runs `op` on the calling thread's shard in the common case: no budget, a slot, and a
+    /// registered, live thread cache. `false`: not counted; try
+    /// [`count_in_shard_slow`](Self::count_in_shard_slow). Kept to one branch per condition
+    /// and no calls, so it inlines into the allocator's paths.
+    #[inline(always)]
+    fn count_in_shard(&'static self, budget: &Budget, op: impl FnOnce(&Shard)) -> bool {
+        // Acquire: the slot's owner record (see `claim_slot`) happens before our counts.
+        let slot = slot_of(self.route.load(Acquire));
+        if budget.is_set() || slot >= SLOTS {
+            return false;
+        }
+        thread_cache::with_active_shards(|set| {
+            // SAFETY: `slot < SLOTS`.
+            op(unsafe { set.get_unchecked(slot) })
+        })
+        .is_some()
+    }
+
+    /// [`count_in_shard`](Self::count_in_shard) for everything else: a budget (switch to
+    /// the shared atomics and return `false`), the first call (claim a slot), a removed
+    /// budget (back to the shards), a thread's first call (register its cache), no slot or
+    /// no usable cache (`false`).
+    #[cold]
+    #[inline(never)]
+    fn count_in_shard_slow(&'static self, budget: &Budget, op: impl FnOnce(&Shard)) -> bool {
+        let Some(slot) = self.shard_slot(budget) else {
+            return false;
+        };
+        thread_cache::with_shards(|set| {
+            // SAFETY: `shard_slot` only returns slots below `SLOTS`.
+            op(unsafe { set.get_unchecked(slot) })
+        })
+        .is_some()
+    }
+
     /// Counts an allocation in the calling thread's shard. `false`: not counted; the caller
     /// counts it with [`add_granted`](Self::add_granted) and
     /// [`commit_allocation`](Self::commit_allocation) (and checks the budget).
@@ -221,36 +259,25 @@ impl Counters {
         granted: usize,
         requested: usize,
     ) -> bool {
-        let Some(slot) = self.shard_slot(budget) else {
-            return false;
-        };
-        thread_cache::with_shards(|set| {
-            // SAFETY: `shard_slot` only returns slots below `SLOTS`.
-            unsafe { set.get_unchecked(slot) }.allocate(self, granted, requested)
-        })
-        .is_some()
+        let op = move |shard: &Shard| shard.allocate(self, granted, requested);
+        self.count_in_shard(budget, op) || self.count_in_shard_slow(budget, op)
     }
 
     /// Counts a freed block: in the calling thread's shard, or with the shared atomics.
     #[inline(always)]
     pub(crate) fn count_free(&'static self, budget: &Budget, granted: usize, requested: usize) {
-        if let Some(slot) = self.shard_slot(budget) {
-            let counted = thread_cache::with_shards(|set| {
-                // SAFETY: `shard_slot` only returns slots below `SLOTS`.
-                unsafe { set.get_unchecked(slot) }.free(self, granted, requested)
-            });
-            if counted.is_some() {
-                return;
-            }
+        if !self.count_in_shard(budget, |shard| shard.free(self, granted, requested)) {
+            self.count_free_slow(budget, granted, requested);
         }
-        self.record_free_exact(granted, requested);
     }
 
-    /// [`record_free`](Self::record_free), out of line (see [`count_free`](Self::count_free)).
+    /// [`count_free`](Self::count_free) off the common path.
     #[cold]
     #[inline(never)]
-    fn record_free_exact(&self, granted: usize, requested: usize) {
-        self.record_free(granted, requested);
+    fn count_free_slow(&'static self, budget: &Budget, granted: usize, requested: usize) {
+        if !self.count_in_shard_slow(budget, |shard| shard.free(self, granted, requested)) {
+            self.record_free(granted, requested);
+        }
     }
 
     /// Counts a resize in the calling thread's shard. `false`: not counted; the caller uses
@@ -264,14 +291,8 @@ impl Counters {
         old_requested: usize,
         new_requested: usize,
     ) -> bool {
-        let Some(slot) = self.shard_slot(budget) else {
-            return false;
-        };
-        thread_cache::with_shards(|set| {
-            // SAFETY: `shard_slot` only returns slots below `SLOTS`.
-            unsafe { set.get_unchecked(slot) }.resize(self, old, new, old_requested, new_requested)
-        })
-        .is_some()
+        let op = move |shard: &Shard| shard.resize(self, old, new, old_requested, new_requested);
+        self.count_in_shard(budget, op) || self.count_in_shard_slow(budget, op)
     }
 
     /// Before a call counted with the shared atomics because of a budget: makes sure the

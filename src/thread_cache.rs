@@ -519,6 +519,19 @@ pub(crate) fn with_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> Option<R> {
     })
 }
 
+/// Runs `f` on the calling thread's counter shards if its cache is registered and live;
+/// `None` otherwise (then [`with_shards`] registers it). The common case: one TLS access
+/// and one compare.
+#[inline(always)]
+pub(crate) fn with_active_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> Option<R> {
+    CACHE.with(|tc| {
+        if tc.state.get() != STATE_ACTIVE {
+            return None;
+        }
+        Some(f(&tc.shards))
+    })
+}
+
 impl ThreadCache {
     /// Registers a new cache; returns whether the cache is usable.
     #[cold]
