@@ -29,7 +29,9 @@
 //! used the allocator and not exited, and so does the recorded peak: below the true peak by
 //! less than that, and above it only while some threads hold pending *frees* (blocks freed
 //! on another thread than the one that allocated them). A snapshot raises the peak to the
-//! exact live total it reads, so the peak is never below a live figure a snapshot reported.
+//! exact live total it reads, so the peak is never below a live figure a snapshot reported
+//! (a snapshot taken under concurrent traffic reads a blend of nearby instants, and so may
+//! carry that blend into the peak).
 //! A block larger than `PUBLISH_BYTES`, and every call while a budget is set, moves the peak
 //! exactly. This is what turns six locked operations per pair into none.
 //!
