@@ -117,6 +117,12 @@ impl Budget {
         }
     }
 
+    /// Whether a budget is set (allocators with one count with exact shared atomics).
+    #[inline]
+    pub(crate) fn is_set(&self) -> bool {
+        self.limit.load(Relaxed) != usize::MAX
+    }
+
     /// Whether `live` bytes exceed the budget (the allocation-path check).
     #[inline]
     pub(crate) fn exceeded_by(&self, live: usize) -> bool {

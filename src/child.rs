@@ -151,6 +151,18 @@ impl<P: BlockAllocator> Child<P> {
     #[inline]
     fn account(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
+        if counters.count_allocation(self.registration.budget(), block.size, layout.size()) {
+            return Some(block);
+        }
+        self.account_exact(block, layout)
+    }
+
+    /// [`account`](Self::account) with the shared atomics (a budget is set, or no shard);
+    /// out of line, so the common path carries none of its code or register pressure.
+    #[cold]
+    #[inline(never)]
+    fn account_exact(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
+        let counters = self.counters();
         let live = counters.add_granted(block.size);
         if self.registration.budget().exceeded_by(live) && !self.over_budget(live, block.size) {
             counters.undo_granted(block.size);
@@ -229,8 +241,11 @@ impl<P: BlockAllocator> Child<P> {
     unsafe fn deallocate_unrecorded(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // SAFETY: forwarded from the caller.
         let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
-        self.counters()
-            .record_free(granted, layout.size().min(granted));
+        self.counters().count_free(
+            self.registration.budget(),
+            granted,
+            layout.size().min(granted),
+        );
         granted
     }
 
@@ -281,6 +296,10 @@ impl<P: BlockAllocator> Child<P> {
         // SAFETY: forwarded from the caller.
         let (new, old) = unsafe { self.parent.reallocate_block(ptr, layout, new_size)? };
         let counters = self.counters();
+        let budget = self.registration.budget();
+        if counters.count_resize(budget, old, new.size, layout.size().min(old), new_size) {
+            return Some((new, old));
+        }
         let live = counters.record_resize(old, new.size, layout.size().min(old), new_size);
         if new.size > old && self.registration.budget().exceeded_by(live) {
             // Warn mode (Fail mode took the branch above): the hook is told, the block kept.

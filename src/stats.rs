@@ -1,16 +1,53 @@
 //! Tagged statistics: the counters every declared allocator keeps, and their snapshot.
 //!
-//! [`Counters`] is a handful of atomics in the allocator's `static`, updated on every
-//! allocation and free from whichever thread makes the call, so figures stay exact when a
-//! block is freed on another thread than the one that allocated it. An allocation does three
-//! read-modify-writes (live granted bytes, live requested bytes, allocation count) and one
-//! plain load (the peak); the `fetch_add` result on the live granted bytes feeds the peak
-//! and the budget check, so the peak is the exact maximum the live figure reached. A free
-//! does three read-modify-writes. Live blocks are derived (allocations − frees).
+//! [`Counters`] lives in the allocator's `static`. A child allocator counts each call in the
+//! calling thread's *shard* of its counters (see [`shard`]): relaxed loads and stores that
+//! only that thread writes, with no atomic read-modify-write, so tagging costs a few
+//! instructions instead of six locked operations per alloc+free pair. Readers add up every
+//! live thread's shard and the shared atomics, under the thread registry's lock; exited
+//! threads move their counts into the shared atomics first. Figures are exact in a
+//! snapshot taken while no thread allocates or frees through the allocator, including when
+//! blocks are freed on other threads than the ones that allocated them (a shard's byte
+//! figures may then be negative; the sums are right).
+//!
+//! The shared atomics (one read-modify-write per figure) are used instead:
+//! - while the allocator has a budget ([`Budget`]): the budget check needs the exact live
+//!   figure at every allocation. The first call that sees a new budget publishes every
+//!   thread's pending bytes (see below) before it checks, so the budget is as exact as
+//!   before for every call that starts after the budget is set. A call running on another
+//!   thread at that very moment may reach the shared figure only at that thread's next
+//!   call through the allocator (snapshots count it at once);
+//! - by allocators beyond the first [`SLOTS`](shard::SLOTS) that count (no slot left);
+//! - by threads without a usable thread cache (registration failed, or the thread is past
+//!   its thread-exit hook), and by [`Counters`] outside a `static` (the exact-path API).
+//!
+//! **The peak** needs a global view, which per-thread counts do not give. Each shard keeps a
+//! running total of granted bytes and *publishes* the part not yet in the shared live figure
+//! (one `fetch_add`, then a `fetch_max` on the peak if it rose) once that part goes above
+//! +[`PUBLISH_BYTES`](shard::PUBLISH_BYTES) or below its negative. At any instant the shared
+//! figure differs from the true live total by less than `PUBLISH_BYTES` per thread that has
+//! used the allocator and not exited, and so does the recorded peak: below the true peak by
+//! less than that, and above it only while some threads hold pending *frees* (blocks freed
+//! on another thread than the one that allocated them). A snapshot raises the peak to the
+//! exact live total it reads, so the peak is never below a live figure a snapshot reported
+//! (a snapshot taken under concurrent traffic reads a blend of nearby instants, and so may
+//! carry that blend into the peak).
+//! A block larger than `PUBLISH_BYTES`, and every call while a budget is set, moves the peak
+//! exactly. This is what turns six locked operations per pair into none.
 //!
 //! [`AllocatorStats`] is the plain snapshot the reports read.
 
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+mod shard;
+
+pub(crate) use shard::ShardSet;
+use shard::{SLOTS, Shard, ShardSum};
+
+use crate::budget::Budget;
+use crate::thread_cache;
+use core::sync::atomic::{
+    AtomicU32, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 /// A consistent-enough copy of one allocator's figures, as plain numbers.
 ///
@@ -33,7 +70,10 @@ pub struct AllocatorStats {
     pub frees: u64,
     /// Resizes that kept the block alive (realloc, grow, shrink).
     pub reallocations: u64,
-    /// The highest `live_granted_bytes` ever reached (`None` where not tracked).
+    /// The highest `live_granted_bytes` ever reached (`None` where not tracked). For a
+    /// child allocator without a budget it is kept from per-thread counts and may be off by
+    /// up to [`Counters::PEAK_TOLERANCE_PER_THREAD`] per thread that used the allocator (see
+    /// [`Counters`]); it is never below a live figure a snapshot reported.
     pub peak_granted_bytes: Option<usize>,
     /// Bytes held from the parent or the OS: live blocks plus whatever the allocator keeps
     /// for reuse (free slots in pool pages, free heap pages). A child holds nothing beyond
@@ -47,11 +87,26 @@ pub struct AllocatorStats {
 
 /// The live counters of one tagged allocator; `const`-constructible, allocation-free.
 ///
-/// Updates use relaxed atomics: each counter is exact on its own (every update is a single
-/// read-modify-write), and a snapshot taken while no other thread allocates adds up
-/// exactly. Under concurrent traffic a snapshot is a blend of nearby instants.
+/// A child allocator counts each call in the calling thread's own copy ("shard") of its
+/// counters, with plain loads and stores instead of atomic read-modify-writes, and a
+/// snapshot adds up every live thread's shard and the shared atomics (where exited
+/// threads' counts go). Allocators with a budget, allocators past the first 128, and
+/// threads that are exiting count with the shared atomics directly.
+///
+/// Every figure is exact in a snapshot taken while no other thread allocates or frees
+/// through the allocator, also when blocks are freed on other threads than the ones that
+/// allocated them; under concurrent traffic a snapshot is a blend of nearby instants.
+///
+/// The peak is the exception: threads publish their granted bytes to a shared live figure
+/// only when they have changed by more than
+/// [`PEAK_TOLERANCE_PER_THREAD`](Self::PEAK_TOLERANCE_PER_THREAD), so the recorded peak is
+/// within that many bytes per thread (that used the allocator and has not exited) of the
+/// true peak: below it, or above it while some threads hold frees of blocks that other
+/// threads allocated. A snapshot raises the peak to the live total it reads. While the
+/// allocator has a budget, the live figure and the peak are exact at every call.
 #[derive(Debug)]
 pub struct Counters {
+    /// Live granted bytes counted here: by the shared (exact) path and published by shards.
     live_granted: AtomicUsize,
     live_requested: AtomicUsize,
     peak_granted: AtomicUsize,
@@ -60,9 +115,39 @@ pub struct Counters {
     reallocations: AtomicU64,
     over_budget: AtomicU64,
     budget_failures: AtomicU64,
+    /// How calls are counted: the shard slot + 1 in the low bits (0: not chosen yet,
+    /// [`NO_SLOT`]: none left), and [`EXACT`] while a budget routes calls to the atomics.
+    route: AtomicU32,
+}
+
+/// The slot bits of [`Counters::route`].
+const SLOT_MASK: u32 = 0xFFFF;
+/// Slot bits of an allocator that found no free slot.
+const NO_SLOT: u32 = 0xFFFF;
+/// Set once a budget has moved the allocator to the shared atomics (and its shards'
+/// pending bytes were published); cleared when calls go back to the shards.
+const EXACT: u32 = 1 << 16;
+
+/// A wrapping byte total read as a count: a negative one (a blend of instants, or a free
+/// counted before its allocation was published) reads as zero.
+#[inline]
+fn non_negative(bytes: usize) -> usize {
+    if (bytes as isize) < 0 { 0 } else { bytes }
+}
+
+/// The shard slot in `route`, or a number `>= SLOTS` when there is none to use.
+#[inline(always)]
+fn slot_of(route: u32) -> usize {
+    (route as usize).wrapping_sub(1)
 }
 
 impl Counters {
+    /// How far the recorded peak of an allocator that counts in per-thread shards may be
+    /// from the true peak, per thread that has used the allocator and not exited: a thread
+    /// publishes its granted bytes into the shared live figure once they change by more
+    /// than this (see the module docs). Allocators with a budget keep an exact peak.
+    pub const PEAK_TOLERANCE_PER_THREAD: usize = shard::PUBLISH_BYTES;
+
     /// All counters at zero.
     pub const fn new() -> Self {
         Self {
@@ -74,17 +159,220 @@ impl Counters {
             reallocations: AtomicU64::new(0),
             over_budget: AtomicU64::new(0),
             budget_failures: AtomicU64::new(0),
+            route: AtomicU32::new(0),
         }
     }
+
+    // ---- The sharded path (children, in the common case) ----
+
+    /// The shard slot to count in, or `None` to count with the shared atomics (the
+    /// allocator has a budget, or has no slot).
+    #[inline]
+    fn shard_slot(&'static self, budget: &Budget) -> Option<usize> {
+        if budget.is_set() {
+            self.prepare_exact();
+            return None;
+        }
+        // Acquire: the slot's owner record (see `claim_slot`) happens before our counts.
+        let slot = slot_of(self.route.load(Acquire));
+        if slot < SLOTS {
+            Some(slot)
+        } else {
+            self.shard_slot_slow()
+        }
+    }
+
+    /// [`shard_slot`](Self::shard_slot) when the route is not a plain slot: claims a slot
+    /// on first use, or leaves the exact mode a removed budget left behind.
+    #[cold]
+    #[inline(never)]
+    fn shard_slot_slow(&'static self) -> Option<usize> {
+        loop {
+            let route = self.route.load(Acquire);
+            let bits = route & SLOT_MASK;
+            if bits == NO_SLOT {
+                return None;
+            }
+            if route & EXACT != 0 {
+                // The budget is gone: back to the shards (nothing is pending in them).
+                self.route.fetch_and(!EXACT, Relaxed);
+                continue;
+            }
+            if bits != 0 {
+                return Some(slot_of(bits));
+            }
+            let claimed = shard::claim_slot(self);
+            let bits = claimed.map_or(NO_SLOT, |slot| slot as u32 + 1);
+            if self
+                .route
+                .compare_exchange(route, route | bits, Release, Relaxed)
+                .is_err()
+            {
+                // Another thread chose first (or the mode changed): look again.
+                if let Some(slot) = claimed {
+                    shard::release_slot(slot);
+                }
+            }
+        }
+    }
+
+    /// Runs `op` on the calling thread's shard in the common case: no budget, a slot, and a
+    /// registered, live thread cache. `false`: not counted; try
+    /// [`count_in_shard_slow`](Self::count_in_shard_slow). Kept to one branch per condition
+    /// and no calls, so it inlines into the allocator's paths.
+    #[inline(always)]
+    fn count_in_shard(&'static self, budget: &Budget, op: impl FnOnce(&Shard)) -> bool {
+        // Acquire: the slot's owner record (see `claim_slot`) happens before our counts.
+        let slot = slot_of(self.route.load(Acquire));
+        if budget.is_set() || slot >= SLOTS {
+            return false;
+        }
+        thread_cache::with_active_shards(|set| {
+            // SAFETY: `slot < SLOTS`.
+            op(unsafe { set.get_unchecked(slot) })
+        })
+        .is_some()
+    }
+
+    /// [`count_in_shard`](Self::count_in_shard) for everything else: a budget (switch to
+    /// the shared atomics and return `false`), the first call (claim a slot), a removed
+    /// budget (back to the shards), a thread's first call (register its cache), no slot or
+    /// no usable cache (`false`).
+    #[cold]
+    #[inline(never)]
+    fn count_in_shard_slow(&'static self, budget: &Budget, op: impl FnOnce(&Shard)) -> bool {
+        let Some(slot) = self.shard_slot(budget) else {
+            return false;
+        };
+        thread_cache::with_shards(|set| {
+            // SAFETY: `shard_slot` only returns slots below `SLOTS`.
+            op(unsafe { set.get_unchecked(slot) })
+        })
+        .is_some()
+    }
+
+    /// Counts an allocation in the calling thread's shard. `false`: not counted; the caller
+    /// counts it with [`add_granted`](Self::add_granted) and
+    /// [`commit_allocation`](Self::commit_allocation) (and checks the budget).
+    #[inline(always)]
+    pub(crate) fn count_allocation(
+        &'static self,
+        budget: &Budget,
+        granted: usize,
+        requested: usize,
+    ) -> bool {
+        let op = move |shard: &Shard| shard.allocate(self, granted, requested);
+        self.count_in_shard(budget, op) || self.count_in_shard_slow(budget, op)
+    }
+
+    /// Counts a freed block: in the calling thread's shard, or with the shared atomics.
+    #[inline(always)]
+    pub(crate) fn count_free(&'static self, budget: &Budget, granted: usize, requested: usize) {
+        if !self.count_in_shard(budget, |shard| shard.free(self, granted, requested)) {
+            self.count_free_slow(budget, granted, requested);
+        }
+    }
+
+    /// [`count_free`](Self::count_free) off the common path.
+    #[cold]
+    #[inline(never)]
+    fn count_free_slow(&'static self, budget: &Budget, granted: usize, requested: usize) {
+        if !self.count_in_shard_slow(budget, |shard| shard.free(self, granted, requested)) {
+            self.record_free(granted, requested);
+        }
+    }
+
+    /// Counts a resize in the calling thread's shard. `false`: not counted; the caller uses
+    /// [`record_resize`](Self::record_resize) (and checks the budget).
+    #[inline(always)]
+    pub(crate) fn count_resize(
+        &'static self,
+        budget: &Budget,
+        old: usize,
+        new: usize,
+        old_requested: usize,
+        new_requested: usize,
+    ) -> bool {
+        let op = move |shard: &Shard| shard.resize(self, old, new, old_requested, new_requested);
+        self.count_in_shard(budget, op) || self.count_in_shard_slow(budget, op)
+    }
+
+    /// Before a call counted with the shared atomics because of a budget: makes sure the
+    /// shared live figure holds every thread's bytes, so the budget check is exact.
+    #[cold]
+    #[inline(never)]
+    fn prepare_exact(&'static self) {
+        let route = self.route.load(Acquire);
+        if route & EXACT == 0 {
+            self.enter_exact();
+            return;
+        }
+        let slot = slot_of(route & SLOT_MASK);
+        if slot < SLOTS {
+            // A call of this thread that raced with the switch may have left bytes behind.
+            thread_cache::with_shards(|set| {
+                // SAFETY: `slot < SLOTS`.
+                let shard = unsafe { set.get_unchecked(slot) };
+                if shard.has_unpublished() {
+                    shard.publish(self);
+                }
+            });
+        }
+    }
+
+    /// Switches to the shared atomics: publishes the pending bytes of every thread's shard.
+    /// Under the thread registry's lock, so two threads switching at once publish once and
+    /// no thread retires meanwhile.
+    #[cold]
+    #[inline(never)]
+    fn enter_exact(&'static self) {
+        let threads = thread_cache::lock_threads();
+        let route = self.route.fetch_or(EXACT, Acquire);
+        let slot = slot_of(route & SLOT_MASK);
+        if route & EXACT == 0 && slot < SLOTS {
+            threads.for_each_shards(|set| {
+                // SAFETY: `slot < SLOTS`.
+                let shard = unsafe { set.get_unchecked(slot) };
+                if shard.has_unpublished() {
+                    shard.publish(self);
+                }
+            });
+        }
+    }
+
+    /// Adds `delta` (a wrapping signed number) published by a shard to the shared live
+    /// figure, and raises the peak if it grew.
+    pub(crate) fn publish_granted(&self, delta: usize) {
+        // Release: a reader that sees the new total also sees the shard's `taken` advanced.
+        let live = self
+            .live_granted
+            .fetch_add(delta, Release)
+            .wrapping_add(delta);
+        if (delta as isize) > 0 {
+            self.raise_peak(live);
+        }
+    }
+
+    /// Adds the counts of a retiring thread's shard (already published) to the shared ones.
+    pub(crate) fn absorb(&self, sum: &ShardSum) {
+        self.live_requested.fetch_add(sum.requested, Relaxed);
+        self.allocations.fetch_add(sum.allocations, Relaxed);
+        self.frees.fetch_add(sum.frees, Relaxed);
+        self.reallocations.fetch_add(sum.reallocations, Relaxed);
+    }
+
+    // ---- The shared (exact) path ----
 
     /// Adds `granted` live bytes and returns the new live total (before the peak is
     /// updated; call [`commit_allocation`](Self::commit_allocation) or
     /// [`undo_granted`](Self::undo_granted) next).
     #[inline]
     pub(crate) fn add_granted(&self, granted: usize) -> usize {
-        self.live_granted
-            .fetch_add(granted, Relaxed)
-            .wrapping_add(granted)
+        non_negative(
+            self.live_granted
+                .fetch_add(granted, Relaxed)
+                .wrapping_add(granted),
+        )
     }
 
     /// Takes back bytes added by [`add_granted`](Self::add_granted) for an allocation that
@@ -127,9 +415,11 @@ impl Counters {
             self.raise_peak(live);
             live
         } else {
-            self.live_granted
-                .fetch_sub(old - new, Relaxed)
-                .wrapping_sub(old - new)
+            non_negative(
+                self.live_granted
+                    .fetch_sub(old - new, Relaxed)
+                    .wrapping_sub(old - new),
+            )
         };
         if new_requested >= old_requested {
             self.live_requested
@@ -152,35 +442,56 @@ impl Counters {
         self.budget_failures.fetch_add(1, Relaxed);
     }
 
-    /// The live granted bytes right now.
-    #[inline]
-    pub fn live_granted_bytes(&self) -> usize {
-        self.live_granted.load(Relaxed)
-    }
-
     /// Raises the peak to `live` if it is higher. A plain load first: in steady state the
-    /// peak is not exceeded and no write (no cache-line transfer) happens.
+    /// peak is not exceeded and no write (no cache-line transfer) happens. A negative
+    /// (wrapped) total never becomes the peak.
     #[inline]
     fn raise_peak(&self, live: usize) {
-        if live > self.peak_granted.load(Relaxed) {
+        if (live as isize) > 0 && live > self.peak_granted.load(Relaxed) {
             self.peak_granted.fetch_max(live, Relaxed);
         }
     }
 
+    // ---- Readers ----
+
+    /// The live granted bytes right now (shards included: takes the thread registry's lock
+    /// if the allocator counts in shards).
+    pub fn live_granted_bytes(&self) -> usize {
+        self.snapshot().live_granted_bytes
+    }
+
     /// A snapshot; `reserved_bytes` is set to the live granted bytes (what a child holds).
+    /// Also raises the recorded peak to the live total it reads.
     pub fn snapshot(&self) -> AllocatorStats {
+        let slot = slot_of(self.route.load(Acquire) & SLOT_MASK);
+        // The shared figures are read under the same lock as the shards, so no exiting
+        // thread moves its counts from one to the other between the reads.
+        let threads = (slot < SLOTS).then(thread_cache::lock_threads);
         // Frees are read before allocations, so a block allocated and freed between the two
-        // reads never makes `live_blocks` negative.
+        // reads never makes `live_blocks` negative (within one thread's counts).
         let frees = self.frees.load(Relaxed);
         let allocations = self.allocations.load(Relaxed);
-        let live_granted_bytes = self.live_granted.load(Relaxed);
+        // The shared live figure before the shards (see `Shard::publish`): a publication
+        // running meanwhile is then missed, never counted twice.
+        let granted = self.live_granted.load(Acquire);
+        let requested = self.live_requested.load(Relaxed);
+        let reallocations = self.reallocations.load(Relaxed);
+        let mut sum = ShardSum::default();
+        if let Some(threads) = &threads {
+            threads.for_each_shards(|set| set.add_slot_to(slot, &mut sum));
+        }
+        drop(threads);
+        let frees = frees + sum.frees;
+        let allocations = allocations + sum.allocations;
+        let live_granted_bytes = non_negative(granted.wrapping_add(sum.unpublished));
+        self.raise_peak(live_granted_bytes);
         AllocatorStats {
             live_granted_bytes,
-            live_requested_bytes: Some(self.live_requested.load(Relaxed)),
+            live_requested_bytes: Some(non_negative(requested.wrapping_add(sum.requested))),
             live_blocks: allocations.saturating_sub(frees) as usize,
             allocations,
             frees,
-            reallocations: self.reallocations.load(Relaxed),
+            reallocations: reallocations + sum.reallocations,
             peak_granted_bytes: Some(self.peak_granted.load(Relaxed)),
             reserved_bytes: live_granted_bytes,
             over_budget: self.over_budget.load(Relaxed),
@@ -197,7 +508,339 @@ impl Default for Counters {
 
 #[cfg(test)]
 mod tests {
-    use super::Counters;
+    use super::shard::{PUBLISH_BYTES, SLOTS};
+    use super::{Counters, slot_of};
+    use crate::budget::{Budget, BudgetMode};
+    use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::{Barrier, mpsc};
+
+    /// No budget: the sharded path.
+    static NO_BUDGET: Budget = Budget::new();
+
+    /// Counts an allocation the way a child does (shard, else the exact path).
+    fn alloc(c: &'static Counters, budget: &Budget, granted: usize, requested: usize) -> bool {
+        if c.count_allocation(budget, granted, requested) {
+            return true;
+        }
+        let live = c.add_granted(granted);
+        c.commit_allocation(requested, live);
+        false
+    }
+
+    /// The shared (non-shard) figures: granted, requested, allocations, frees.
+    fn shared(c: &Counters) -> (usize, usize, u64, u64) {
+        (
+            c.live_granted.load(Relaxed),
+            c.live_requested.load(Relaxed),
+            c.allocations.load(Relaxed),
+            c.frees.load(Relaxed),
+        )
+    }
+
+    fn has_slot(c: &Counters) -> bool {
+        slot_of(c.route.load(Relaxed) & super::SLOT_MASK) < SLOTS
+    }
+
+    static SUMMED: Counters = Counters::new();
+
+    #[test]
+    fn shards_are_summed_across_threads_and_stay_exact_under_cross_thread_frees() {
+        const THREADS: usize = 4;
+        const BLOCKS: usize = 100;
+        let c = &SUMMED;
+        let allocated = Barrier::new(THREADS + 1);
+        let checked = Barrier::new(THREADS + 1);
+        let freed = Barrier::new(THREADS + 1);
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+            .map(|_| mpsc::channel::<(usize, usize)>())
+            .unzip();
+        // Sizes stay below the publication threshold per thread, so nothing is published.
+        let size = |t: usize, i: usize| 16 + (t * 31 + i * 7) % 400;
+        let (mut granted, mut requested) = (0, 0);
+        for t in 0..THREADS {
+            for i in 0..BLOCKS {
+                granted += size(t, i);
+                requested += size(t, i) - 3;
+            }
+        }
+        assert!(granted / THREADS < PUBLISH_BYTES);
+        let ((shared_while_live, st), after) = std::thread::scope(|s| {
+            let mut threads = Vec::new();
+            for (t, rx) in receivers.into_iter().enumerate() {
+                let to_next = senders[(t + 1) % THREADS].clone();
+                let (allocated, checked, freed) = (&allocated, &checked, &freed);
+                threads.push(s.spawn(move || {
+                    for i in 0..BLOCKS {
+                        let g = size(t, i);
+                        assert!(alloc(c, &NO_BUDGET, g, g - 3), "counted in the shard");
+                        to_next.send((g, g - 3)).unwrap();
+                    }
+                    drop(to_next);
+                    allocated.wait();
+                    checked.wait();
+                    // Free the previous thread's blocks: this shard goes negative.
+                    for (g, r) in rx.iter() {
+                        c.count_free(&NO_BUDGET, g, r);
+                    }
+                    freed.wait();
+                    freed.wait();
+                }));
+            }
+            drop(senders);
+            allocated.wait();
+            // (Checked after the scope: a failed assertion here would leave the threads
+            // waiting at the barriers.)
+            let while_live = (shared(c), c.snapshot());
+            checked.wait();
+            freed.wait();
+            let after_frees = c.snapshot();
+            freed.wait();
+            // `join` waits for the thread's exit hooks too (the scope's end does not).
+            for t in threads {
+                t.join().unwrap();
+            }
+            (while_live, after_frees)
+        });
+        // Every block was live, all counted in shards: the shared atomics held nothing.
+        assert_eq!(shared_while_live, (0, 0, 0, 0));
+        assert_eq!(st.live_granted_bytes, granted);
+        assert_eq!(st.live_requested_bytes, Some(requested));
+        assert_eq!(st.live_blocks, THREADS * BLOCKS);
+        assert_eq!((st.allocations, st.frees), ((THREADS * BLOCKS) as u64, 0));
+        // The snapshot raised the peak to the exact live total it read.
+        assert_eq!(st.peak_granted_bytes, Some(granted));
+        // After the cross-thread frees, with every thread still alive.
+        assert_eq!(after.live_granted_bytes, 0);
+        assert_eq!(after.live_requested_bytes, Some(0));
+        assert_eq!(after.live_blocks, 0);
+        assert_eq!(after.frees, (THREADS * BLOCKS) as u64);
+        // The threads have exited: their counts moved into the shared atomics.
+        assert_eq!(shared(c), (0, 0, 400, 400));
+        let st = c.snapshot();
+        assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
+        assert_eq!(st.peak_granted_bytes, Some(granted));
+    }
+
+    static EXITING: Counters = Counters::new();
+
+    /// Whether the thread's shards were usable in its Rust TLS destructor, and unusable
+    /// (retired) in the later pthread key destructor.
+    static SHARDS_IN_TLS_DTOR: AtomicBool = AtomicBool::new(false);
+    static RETIRED_IN_KEY_DTOR: AtomicBool = AtomicBool::new(false);
+
+    struct FreeOnDrop(usize);
+    impl Drop for FreeOnDrop {
+        fn drop(&mut self) {
+            let live = crate::thread_cache::with_shards(|_| ()).is_some();
+            SHARDS_IN_TLS_DTOR.store(live, Relaxed);
+            EXITING.count_free(&NO_BUDGET, self.0, self.0);
+        }
+    }
+    std::thread_local! {
+        static HELD: core::cell::Cell<Option<FreeOnDrop>> = const { core::cell::Cell::new(None) };
+    }
+
+    /// A pthread key destructor that runs after the thread cache's (its key is newer).
+    unsafe extern "C" fn free_after_retire(value: *mut libc::c_void) {
+        let retired = crate::thread_cache::with_shards(|_| ()).is_none();
+        RETIRED_IN_KEY_DTOR.store(retired, Relaxed);
+        EXITING.count_free(&NO_BUDGET, value as usize, value as usize);
+    }
+
+    #[test]
+    fn thread_exit_moves_shard_counts_into_the_shared_counters() {
+        let c = &EXITING;
+        // The thread cache's exit key exists before ours, so ours runs after it.
+        assert!(alloc(c, &NO_BUDGET, 8, 8));
+        c.count_free(&NO_BUDGET, 8, 8);
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `key` is writable; the destructor has the signature pthread wants.
+        let created = unsafe { libc::pthread_key_create(&mut key, Some(free_after_retire)) };
+        assert_eq!(created, 0);
+        let before = c.snapshot();
+        let counted = Barrier::new(2);
+        let while_live = std::thread::scope(|s| {
+            let thread = s.spawn(|| {
+                for g in [100, 200, 300, 400] {
+                    assert!(alloc(c, &NO_BUDGET, g, g));
+                }
+                c.count_free(&NO_BUDGET, 100, 100);
+                // Freed by a Rust TLS destructor (the shard is still live then)...
+                HELD.with(|h| h.set(Some(FreeOnDrop(200))));
+                // ...and by a pthread key destructor after the cache retired (shared path).
+                // SAFETY: the key exists; the value is a plain number, never dereferenced.
+                let set = unsafe { libc::pthread_setspecific(key, 300 as *const _) };
+                assert_eq!(set, 0);
+                counted.wait();
+                counted.wait();
+            });
+            counted.wait();
+            let while_live = (shared(c), c.snapshot());
+            counted.wait();
+            // `join` waits for the thread's exit hooks too (the scope's end does not).
+            thread.join().unwrap();
+            while_live
+        });
+        let ((g, _, a, _), st) = while_live;
+        assert_eq!((g, a), (0, 0), "every count is in a live thread's shard");
+        assert_eq!(st.live_granted_bytes, 900);
+        assert_eq!(st.allocations - before.allocations, 4);
+        // SAFETY: the key is ours and no thread uses it any more.
+        unsafe { libc::pthread_key_delete(key) };
+        // The exited thread's shard (4 allocations, 2 frees) moved into the shared
+        // counters, and its last free, after that, went there directly.
+        assert_eq!(shared(c), (400, 400, 4, 3));
+        assert!(SHARDS_IN_TLS_DTOR.load(Relaxed) && RETIRED_IN_KEY_DTOR.load(Relaxed));
+        let st = c.snapshot();
+        assert_eq!(st.live_granted_bytes, 400);
+        assert_eq!(st.live_requested_bytes, Some(400));
+        assert_eq!((st.allocations, st.frees, st.live_blocks), (5, 4, 1));
+        c.count_free(&NO_BUDGET, 400, 400);
+        assert_eq!(c.snapshot().live_granted_bytes, 0);
+    }
+
+    static SOLO: Counters = Counters::new();
+
+    #[test]
+    fn peak_lags_by_less_than_the_threshold_on_one_thread() {
+        let c = &SOLO;
+        const BLOCK: usize = 1024;
+        // Below the threshold nothing is published: the recorded peak does not move...
+        let n = PUBLISH_BYTES / BLOCK - 4;
+        for _ in 0..n {
+            assert!(alloc(c, &NO_BUDGET, BLOCK, BLOCK));
+        }
+        assert_eq!(c.peak_granted.load(Relaxed), 0);
+        // ...until a snapshot reads the exact live total.
+        assert_eq!(c.snapshot().peak_granted_bytes, Some(n * BLOCK));
+        for _ in 0..n {
+            c.count_free(&NO_BUDGET, BLOCK, BLOCK);
+        }
+        // Past the threshold the shard publishes; the peak misses at most the threshold.
+        let n = 100;
+        for _ in 0..n {
+            assert!(alloc(c, &NO_BUDGET, BLOCK, BLOCK));
+        }
+        for _ in 0..n {
+            c.count_free(&NO_BUDGET, BLOCK, BLOCK);
+        }
+        let st = c.snapshot();
+        let (peak, truth) = (st.peak_granted_bytes.unwrap(), n * BLOCK);
+        assert!(
+            peak <= truth && peak + PUBLISH_BYTES >= truth,
+            "{peak} vs {truth}"
+        );
+        assert!(peak > PUBLISH_BYTES, "published once");
+        // A block above the threshold is published at once: the peak is exact for it.
+        assert!(alloc(c, &NO_BUDGET, 4 * PUBLISH_BYTES, 1));
+        c.count_free(&NO_BUDGET, 4 * PUBLISH_BYTES, 1);
+        assert_eq!(c.snapshot().peak_granted_bytes, Some(4 * PUBLISH_BYTES));
+        assert_eq!(c.snapshot().live_granted_bytes, 0);
+    }
+
+    static SPREAD: Counters = Counters::new();
+
+    #[test]
+    fn peak_bound_holds_in_both_directions_across_threads() {
+        let c = &SPREAD;
+        const BLOCK: usize = 1024;
+        let step = Barrier::new(2);
+        let step = &step;
+        let (to_b, from_a) = mpsc::channel::<usize>();
+        std::thread::scope(|s| {
+            // A allocates 200 blocks and hands B 60 of them; B frees them, staying just
+            // below the threshold (pending frees); then A allocates 60 more.
+            s.spawn(move || {
+                for i in 0..200 {
+                    assert!(alloc(c, &NO_BUDGET, BLOCK, BLOCK));
+                    if i < 60 {
+                        to_b.send(BLOCK).unwrap();
+                    }
+                }
+                step.wait();
+                step.wait();
+                for _ in 0..60 {
+                    assert!(alloc(c, &NO_BUDGET, BLOCK, BLOCK));
+                }
+                for _ in 0..200 {
+                    c.count_free(&NO_BUDGET, BLOCK, BLOCK);
+                }
+                step.wait();
+            });
+            s.spawn(move || {
+                step.wait();
+                for g in from_a.iter().take(60) {
+                    c.count_free(&NO_BUDGET, g, g);
+                }
+                step.wait();
+                step.wait();
+            });
+        });
+        // The true live total never passed 200 blocks; B's 60 pending frees let A's
+        // publication overshoot it, by less than the threshold of the one other thread.
+        let truth = 200 * BLOCK;
+        let st = c.snapshot();
+        let peak = st.peak_granted_bytes.unwrap();
+        assert!(peak > truth, "pending frees overshoot: {peak}");
+        assert!(peak <= truth + PUBLISH_BYTES, "{peak} vs {truth}");
+        assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
+    }
+
+    static BUDGETED: Counters = Counters::new();
+    static BUDGET: Budget = Budget::new();
+
+    #[test]
+    fn a_budget_publishes_every_shard_and_counts_exactly() {
+        let c = &BUDGETED;
+        let step = Barrier::new(2);
+        // (Checked after the scope: a failed assertion inside would leave the other thread
+        // waiting at the barrier.)
+        let (pending, counted_in_shard, live_seen, after_switch, peak) = std::thread::scope(|s| {
+            let other = s.spawn(|| {
+                let in_shard = alloc(c, &BUDGET, 10_000, 10_000);
+                step.wait();
+                step.wait();
+                // With the budget set, this thread counts exactly too.
+                let exact = !alloc(c, &BUDGET, 1_000, 1_000);
+                c.count_free(&BUDGET, 10_000, 10_000);
+                (in_shard, exact)
+            });
+            step.wait();
+            let pending = shared(c).0;
+            BUDGET.set(Some(15_000), BudgetMode::Fail);
+            // The first call that sees the budget publishes the other thread's bytes, so
+            // the live figure the budget checks is exact.
+            let counted_in_shard = c.count_allocation(&BUDGET, 8_000, 8_000);
+            let live_seen = c.add_granted(8_000);
+            c.undo_granted(8_000);
+            let after_switch = shared(c).0;
+            let peak = c.snapshot().peak_granted_bytes;
+            step.wait();
+            let (in_shard, exact) = other.join().unwrap();
+            assert!(in_shard && exact);
+            (pending, counted_in_shard, live_seen, after_switch, peak)
+        });
+        assert_eq!(pending, 0, "pending in the other thread's shard");
+        assert!(
+            !counted_in_shard,
+            "a budget routes calls to the shared atomics"
+        );
+        assert_eq!(live_seen, 18_000);
+        assert_eq!(after_switch, 10_000);
+        assert_eq!(peak, Some(10_000));
+        assert_eq!(shared(c).0, 1_000);
+        assert_eq!(c.snapshot().peak_granted_bytes, Some(11_000));
+        // Budget removed: back to the shards, still exact.
+        BUDGET.set(None, BudgetMode::Warn);
+        assert!(alloc(c, &BUDGET, 500, 500));
+        assert_eq!(shared(c).0, 1_000);
+        c.count_free(&BUDGET, 1_000, 1_000);
+        c.count_free(&BUDGET, 500, 500);
+        let st = c.snapshot();
+        assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
+        assert_eq!((st.allocations, st.frees), (3, 3));
+        assert!(has_slot(c));
+    }
 
     #[test]
     fn miri_counters_add_up_and_keep_the_peak() {

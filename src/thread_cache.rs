@@ -19,13 +19,19 @@
 //!
 //! `fork()`: handlers registered with `pthread_atfork` take every heap lock before the fork
 //! and release them after, and the child adopts the caches of the threads it lost.
+//!
+//! The cache also carries the thread's shards of the tagged allocators' counters
+//! ([`ShardSet`]), so they share its registration, thread-exit and fork handling: readers
+//! walk the same registry, and retiring a cache moves its shards' counts into the shared
+//! counters.
 
 use crate::config;
 use crate::os::OsAllocator;
 use crate::schema::HphaSchema;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
 use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
-use crate::sync::SpinLock;
+use crate::stats::ShardSet;
+use crate::sync::{SpinGuard, SpinLock};
 use core::cell::{Cell, UnsafeCell};
 use core::ptr::{self, null_mut};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
@@ -148,6 +154,8 @@ struct ClassSlot {
 /// registry lock, its links.
 pub(crate) struct ThreadCache {
     slots: [ClassSlot; CLASS_COUNT],
+    /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`).
+    shards: ShardSet,
     state: Cell<u8>,
     next: AtomicPtr<ThreadCache>,
     prev: AtomicPtr<ThreadCache>,
@@ -168,6 +176,7 @@ impl ThreadCache {
                     frees: AtomicU64::new(0),
                 }
             }; CLASS_COUNT],
+            shards: ShardSet::new(),
             state: Cell::new(STATE_NEW),
             next: AtomicPtr::new(null_mut()),
             prev: AtomicPtr::new(null_mut()),
@@ -421,6 +430,7 @@ impl ThreadCache {
         }
         self.state.set(STATE_DEAD);
         self.move_counts_to_orphans();
+        self.shards.retire();
         let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
         // SAFETY: neighbours are registered caches, valid under the registry lock.
         unsafe {
@@ -494,6 +504,66 @@ pub(crate) fn front_totals() -> FrontTotals {
     }
     ORPHANS.add_to(&mut totals);
     totals
+}
+
+/// Runs `f` on the calling thread's counter shards, registering its cache first if this is
+/// the thread's first call. `None` when the thread has no usable cache (registration failed,
+/// or the thread is exiting and its cache is retired): count in the shared atomics instead.
+#[inline(always)]
+pub(crate) fn with_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> Option<R> {
+    CACHE.with(|tc| {
+        if tc.state.get() != STATE_ACTIVE && !tc.activate() {
+            return None;
+        }
+        Some(f(&tc.shards))
+    })
+}
+
+/// Runs `f` on the calling thread's counter shards if its cache is registered and live;
+/// `None` otherwise (then [`with_shards`] registers it). The common case: one TLS access
+/// and one compare.
+#[inline(always)]
+pub(crate) fn with_active_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> Option<R> {
+    CACHE.with(|tc| {
+        if tc.state.get() != STATE_ACTIVE {
+            return None;
+        }
+        Some(f(&tc.shards))
+    })
+}
+
+impl ThreadCache {
+    /// Registers a new cache; returns whether the cache is usable.
+    #[cold]
+    #[inline(never)]
+    fn activate(&self) -> bool {
+        if self.state.get() == STATE_NEW {
+            self.register();
+        }
+        self.state.get() == STATE_ACTIVE
+    }
+}
+
+/// The registry of live threads, locked: while it is held no cache registers or retires.
+pub(crate) struct LockedThreads(SpinGuard<'static, ThreadList>);
+
+impl LockedThreads {
+    /// Calls `f` with the counter shards of every registered thread.
+    pub(crate) fn for_each_shards(&self, mut f: impl FnMut(&ShardSet)) {
+        let mut tc = self.0.head;
+        while !tc.is_null() {
+            // SAFETY: registered caches are valid while the registry lock is held.
+            unsafe {
+                f(&(*tc).shards);
+                tc = (*tc).next.load(Relaxed);
+            }
+        }
+    }
+}
+
+/// Locks the registry of live threads (for summing or publishing counter shards).
+pub(crate) fn lock_threads() -> LockedThreads {
+    LockedThreads(THREADS.lock())
 }
 
 /// Number of threads with a registered cache.

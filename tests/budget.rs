@@ -89,3 +89,47 @@ fn growth_in_warn_mode_calls_the_hook_once_per_crossing_allocation() {
     assert_eq!(GROW_EVENTS.load(SeqCst), 1);
     assert!(Grown.stats().live_granted_bytes >= 20_000);
 }
+
+tagalloc::allocator!(Late: child of SystemAllocator, "budget: set while threads hold bytes");
+
+#[test]
+fn a_budget_set_later_counts_bytes_other_threads_allocated_before() {
+    // Without a budget, another thread's allocation sits in that thread's counter shard;
+    // the budget, set afterwards, must still see it.
+    let layout = Layout::from_size_align(10_000, 8).unwrap();
+    let small = Layout::from_size_align(8_000, 8).unwrap();
+    let step = std::sync::Barrier::new(2);
+    let (refused, allowed_after) = std::thread::scope(|s| {
+        let step = &step;
+        let other = s.spawn(move || {
+            let block = Late.allocate(layout).unwrap();
+            step.wait();
+            step.wait();
+            // SAFETY: allocated above with `layout`, freed once.
+            unsafe { Late.deallocate(block.cast(), layout) };
+        });
+        step.wait();
+        Late.set_budget(Some(15_000), BudgetMode::Fail);
+        Late::registration().budget().set_hook(|_| {});
+        // 10 000 live on the other thread + 8 000: over budget.
+        let refused = Late.allocate(small).is_err();
+        step.wait();
+        other.join().unwrap();
+        // The other thread freed its block: 8 000 fits now.
+        let block = Late.allocate(small);
+        let allowed_after = block.is_ok();
+        if let Ok(block) = block {
+            // SAFETY: allocated just above with `small`, freed once.
+            unsafe { Late.deallocate(block.cast(), small) };
+        }
+        (refused, allowed_after)
+    });
+    assert!(refused, "the budget saw the other thread's bytes");
+    assert!(allowed_after);
+    let st = Late.stats();
+    assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
+    assert_eq!((st.allocations, st.frees, st.budget_failures), (2, 2, 1));
+    // Exact peak while a budget is set: the other thread's block plus nothing else.
+    assert!(st.peak_granted_bytes.unwrap() >= 10_000);
+    assert!(st.peak_granted_bytes.unwrap() < 15_000);
+}

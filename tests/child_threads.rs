@@ -1,12 +1,13 @@
 //! Child counters under cross-thread frees: blocks allocated on some threads through a
 //! child of a child are freed on others, and every counter of both children comes back to
-//! exactly its start value; the peak is exactly the live total reached.
+//! exactly its start value; the peak is the live total reached, within the documented
+//! per-thread tolerance of the sharded counters.
 
 use allocator_api2::alloc::Allocator;
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::{Barrier, mpsc};
-use tagalloc::{BlockAllocator, SystemAllocator};
+use tagalloc::{BlockAllocator, Counters, SystemAllocator};
 
 tagalloc::allocator!(Outer: child of SystemAllocator, "outer");
 tagalloc::allocator!(Inner: child of Outer, "inner");
@@ -89,9 +90,16 @@ fn cross_thread_frees_return_every_counter_to_its_start() {
         assert_eq!(now.live_blocks, start.live_blocks);
         assert_eq!(now.allocations - start.allocations, total_blocks);
         assert_eq!(now.frees - start.frees, total_blocks);
-        // Every block was live at the barrier and none before it was freed: the peak is
-        // exactly the sum of granted sizes.
-        assert_eq!(now.peak_granted_bytes, Some(total_granted));
+        // Every block was live at the barrier and none before it was freed: the true peak
+        // is the sum of granted sizes. Each allocating thread may have held up to the
+        // tolerance unpublished at that moment, and no thread held pending frees before it
+        // (which is what could push the recorded peak above the true one).
+        let peak = now.peak_granted_bytes.unwrap();
+        let tolerance = THREADS * Counters::PEAK_TOLERANCE_PER_THREAD;
+        assert!(
+            peak <= total_granted && peak >= total_granted - tolerance,
+            "peak {peak}, true peak {total_granted}, tolerance {tolerance}"
+        );
         assert_eq!(now.reserved_bytes, now.live_granted_bytes);
     }
 }

@@ -1,0 +1,284 @@
+//! Per-thread shards of the tagged allocators' [`Counters`].
+//!
+//! Each thread's cache (see `thread_cache`) carries a [`ShardSet`]: one [`Shard`] per slot,
+//! and a slot belongs to one [`Counters`] (handed out on its first counted call, for the
+//! first [`SLOTS`] allocators that ask). Only the owning thread writes a shard's counts, with
+//! a relaxed load and store: no lock prefix, no cache line shared with other threads on the
+//! hot path. Readers sum the shards of every registered thread under the thread registry's
+//! lock, plus the allocator's shared atomics (where exited threads' counts, counts of
+//! threads without a cache, and counts of allocators with a budget go).
+//!
+//! A shard's granted bytes are two running totals: `granted`, written by the owner on every
+//! call, and `taken`, how much of it has been *published* into the allocator's shared live
+//! figure. The owner publishes (one `fetch_add` on the shared figure, one compare-and-swap on
+//! `taken`) when the unpublished part leaves ±[`PUBLISH_BYTES`], so the shared figure, and the
+//! peak taken from it, is off by less than that per thread. Another thread may also publish
+//! a shard (when an allocator gets a budget and needs its exact live figure); both sides
+//! advance `taken` with a compare-and-swap, so every byte is published exactly once, and the
+//! owner's `granted` keeps a single writer.
+
+use super::Counters;
+use core::ptr::null_mut;
+use core::sync::atomic::{
+    AtomicPtr, AtomicU64, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
+
+/// How many allocators get per-thread shards; later ones count with shared atomics.
+pub(crate) const SLOTS: usize = 128;
+
+/// A shard publishes its granted bytes into the shared live figure when the unpublished part
+/// goes above this or below its negative. 64 KiB keeps alternating alloc/free of blocks up to
+/// that size, and batches of small blocks, entirely thread-local.
+pub(crate) const PUBLISH_BYTES: usize = 64 * 1024;
+
+/// The allocator that owns each slot, for moving counts out of an exiting thread's shards.
+static OWNERS: [AtomicPtr<Counters>; SLOTS] = [const { AtomicPtr::new(null_mut()) }; SLOTS];
+/// The next slot to hand out (may pass `SLOTS`: then there are none left).
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+/// Claims a slot for `owner`; `None` once all are taken. A claimed slot is recorded as
+/// owned by `owner` before the caller publishes it, so a thread that counts into the slot
+/// always finds its owner when it exits.
+pub(crate) fn claim_slot(owner: &'static Counters) -> Option<usize> {
+    let mut next = NEXT_SLOT.load(Relaxed);
+    loop {
+        if next >= SLOTS {
+            return None;
+        }
+        match NEXT_SLOT.compare_exchange_weak(next, next + 1, Relaxed, Relaxed) {
+            Ok(_) => break,
+            Err(now) => next = now,
+        }
+    }
+    OWNERS[next].store(core::ptr::from_ref(owner).cast_mut(), Release);
+    Some(next)
+}
+
+/// Gives back a slot claimed by [`claim_slot`] and never published (another thread assigned
+/// the allocator a slot first). Only the most recent claim can be given back; otherwise the
+/// slot stays unused.
+pub(crate) fn release_slot(slot: usize) {
+    let _ = NEXT_SLOT.compare_exchange(slot + 1, slot, Relaxed, Relaxed);
+}
+
+/// Slots handed out so far.
+fn slots_in_use() -> usize {
+    NEXT_SLOT.load(Acquire).min(SLOTS)
+}
+
+/// Adds `v` to an owner-only counter: a relaxed load and store, no read-modify-write.
+#[inline(always)]
+fn bump(cell: &AtomicUsize, v: usize) -> usize {
+    let n = cell.load(Relaxed).wrapping_add(v);
+    cell.store(n, Relaxed);
+    n
+}
+
+/// Subtracts `v` from an owner-only counter, as [`bump`].
+#[inline(always)]
+fn drop_by(cell: &AtomicUsize, v: usize) -> usize {
+    let n = cell.load(Relaxed).wrapping_sub(v);
+    cell.store(n, Relaxed);
+    n
+}
+
+/// Adds one to an owner-only event count, as [`bump`].
+#[inline(always)]
+fn tick(cell: &AtomicU64) {
+    cell.store(cell.load(Relaxed) + 1, Relaxed);
+}
+
+/// One thread's counts for one allocator. Byte figures are wrapping sums of signed changes
+/// (a thread that frees blocks another allocated goes "negative"); event counts only grow.
+pub(crate) struct Shard {
+    /// Granted bytes added minus removed by this thread (owner-written).
+    granted: AtomicUsize,
+    /// How much of `granted` is already in the shared live figure (compare-and-swap only).
+    taken: AtomicUsize,
+    requested: AtomicUsize,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+    reallocations: AtomicU64,
+}
+
+/// What a reader adds up over the shards of one slot.
+#[derive(Default)]
+pub(crate) struct ShardSum {
+    /// Granted bytes not yet published into the shared live figure (wrapping).
+    pub unpublished: usize,
+    /// Requested bytes (wrapping).
+    pub requested: usize,
+    pub allocations: u64,
+    pub frees: u64,
+    pub reallocations: u64,
+}
+
+impl Shard {
+    const fn new() -> Self {
+        Self {
+            granted: AtomicUsize::new(0),
+            taken: AtomicUsize::new(0),
+            requested: AtomicUsize::new(0),
+            allocations: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+            reallocations: AtomicU64::new(0),
+        }
+    }
+
+    /// The unpublished granted bytes, as a signed number.
+    #[inline(always)]
+    fn unpublished_after(&self, granted: usize) -> isize {
+        granted.wrapping_sub(self.taken.load(Relaxed)) as isize
+    }
+
+    /// Counts an allocation (owner only).
+    #[inline(always)]
+    pub(crate) fn allocate(&self, owner: &Counters, granted: usize, requested: usize) {
+        let g = bump(&self.granted, granted);
+        bump(&self.requested, requested);
+        tick(&self.allocations);
+        if self.unpublished_after(g) > PUBLISH_BYTES as isize {
+            self.publish(owner);
+        }
+    }
+
+    /// Counts a free (owner only).
+    #[inline(always)]
+    pub(crate) fn free(&self, owner: &Counters, granted: usize, requested: usize) {
+        let g = drop_by(&self.granted, granted);
+        drop_by(&self.requested, requested);
+        tick(&self.frees);
+        if self.unpublished_after(g) < -(PUBLISH_BYTES as isize) {
+            self.publish(owner);
+        }
+    }
+
+    /// Counts a resize from `old` to `new` granted and `old_requested` to `new_requested`
+    /// requested bytes (owner only).
+    #[inline(always)]
+    pub(crate) fn resize(
+        &self,
+        owner: &Counters,
+        old: usize,
+        new: usize,
+        old_requested: usize,
+        new_requested: usize,
+    ) {
+        let g = bump(&self.granted, new.wrapping_sub(old));
+        bump(&self.requested, new_requested.wrapping_sub(old_requested));
+        tick(&self.reallocations);
+        if self.unpublished_after(g).unsigned_abs() > PUBLISH_BYTES {
+            self.publish(owner);
+        }
+    }
+
+    /// Whether this shard holds granted bytes not yet in the shared figure.
+    #[inline]
+    pub(crate) fn has_unpublished(&self) -> bool {
+        self.granted.load(Relaxed) != self.taken.load(Relaxed)
+    }
+
+    /// Moves the unpublished granted bytes into `owner`'s shared live figure (and its peak).
+    /// Safe from any thread: `taken` advances by compare-and-swap, so each byte is published
+    /// once even if the owner and another thread publish at the same time.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn publish(&self, owner: &Counters) {
+        let mut taken = self.taken.load(Acquire);
+        loop {
+            // Acquire on `taken` makes `granted` at least as new as the value `taken` was
+            // set to, so the difference never runs backwards.
+            let granted = self.granted.load(Relaxed);
+            match self
+                .taken
+                .compare_exchange_weak(taken, granted, AcqRel, Acquire)
+            {
+                Ok(_) => {
+                    owner.publish_granted(granted.wrapping_sub(taken));
+                    return;
+                }
+                Err(now) => taken = now,
+            }
+        }
+    }
+
+    /// Adds this shard to `sum` (any thread). `taken` is read before `granted` (see
+    /// [`publish`](Self::publish)).
+    fn add_to(&self, sum: &mut ShardSum) {
+        let taken = self.taken.load(Acquire);
+        let granted = self.granted.load(Relaxed);
+        sum.unpublished = sum.unpublished.wrapping_add(granted.wrapping_sub(taken));
+        sum.requested = sum.requested.wrapping_add(self.requested.load(Relaxed));
+        sum.frees += self.frees.load(Relaxed);
+        sum.allocations += self.allocations.load(Relaxed);
+        sum.reallocations += self.reallocations.load(Relaxed);
+    }
+
+    /// Whether every count is zero.
+    fn is_empty(&self) -> bool {
+        self.granted.load(Relaxed) == 0
+            && self.taken.load(Relaxed) == 0
+            && self.requested.load(Relaxed) == 0
+            && self.allocations.load(Relaxed) == 0
+            && self.frees.load(Relaxed) == 0
+            && self.reallocations.load(Relaxed) == 0
+    }
+}
+
+/// One thread's shards, one per slot; lives in the thread's cache (TLS, `const`-initialised).
+pub(crate) struct ShardSet {
+    shards: [Shard; SLOTS],
+}
+
+impl ShardSet {
+    /// All shards at zero.
+    pub(crate) const fn new() -> Self {
+        Self {
+            shards: [const { Shard::new() }; SLOTS],
+        }
+    }
+
+    /// The shard of `slot`.
+    ///
+    /// # Safety
+    /// `slot < SLOTS`.
+    #[inline(always)]
+    pub(crate) unsafe fn get_unchecked(&self, slot: usize) -> &Shard {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.shards.get_unchecked(slot) }
+    }
+
+    /// Adds the shard of `slot` to `sum`.
+    pub(crate) fn add_slot_to(&self, slot: usize, sum: &mut ShardSum) {
+        self.shards[slot].add_to(sum);
+    }
+
+    /// Moves every count into its allocator's shared counters and zeroes the shards: the
+    /// thread is exiting (or gone, in a forked child).
+    ///
+    /// Must be called under the thread registry's lock, by the owning thread after its last
+    /// counted call or on behalf of a thread that no longer exists, so nothing writes the
+    /// shards meanwhile and no reader sees the counts twice or not at all.
+    pub(crate) fn retire(&self) {
+        for (slot, shard) in self.shards.iter().enumerate().take(slots_in_use()) {
+            if shard.is_empty() {
+                continue;
+            }
+            let owner = OWNERS[slot].load(Acquire);
+            // SAFETY: a slot is recorded with its owner (a `&'static Counters`) before any
+            // thread can count into it, and shards of unclaimed slots stay empty.
+            let owner = unsafe { &*owner };
+            shard.publish(owner);
+            let mut sum = ShardSum::default();
+            shard.add_to(&mut sum);
+            owner.absorb(&sum);
+            shard.granted.store(0, Relaxed);
+            shard.taken.store(0, Relaxed);
+            shard.requested.store(0, Relaxed);
+            shard.allocations.store(0, Relaxed);
+            shard.frees.store(0, Relaxed);
+            shard.reallocations.store(0, Relaxed);
+        }
+    }
+}
