@@ -70,6 +70,9 @@ const STATE_DEAD: u8 = 2;
 #[derive(Clone, Copy)]
 struct Bin {
     head: *mut FreeSlot,
+    /// Blocks this thread freed into the bin and has not given back (at most the list's
+    /// length: a refill may hand over a page's whole free list, which is not counted, so
+    /// that a thread that mostly allocates never walks those cold blocks).
     count: u32,
     /// Blocks to take at the next refill: starts small so a short-lived thread that uses a
     /// class once does not take (and later give back) a whole batch, and doubles with use
@@ -253,7 +256,7 @@ impl ThreadCache {
                 return self.allocate_slow(class);
             }
             bin.head = (*slot).next;
-            bin.count -= 1;
+            bin.count = bin.count.saturating_sub(1);
             self.owner_alloc(class);
             mark_allocated(slot.cast());
             slot.cast()
@@ -289,10 +292,11 @@ impl ThreadCache {
         if got == 0 {
             return null_mut();
         }
-        // SAFETY: `head` is the first of `got` slots linked through their first word.
+        // SAFETY: `head` is the first of `got` slots linked through their first word. The
+        // bin is empty here, so the rest becomes the bin; `count` (the frees not yet given
+        // back) is unchanged, as the refill freed nothing.
         unsafe {
             bin.head = (*head).next;
-            bin.count = got as u32 - 1;
             self.owner_alloc(class);
             mark_allocated(head.cast());
         }
@@ -334,24 +338,21 @@ impl ThreadCache {
         unsafe {
             let bin = self.bin(class);
             if bin.count >= bin.limit {
-                // Keep the most recently freed half (warm in cache), give back the rest.
-                let keep = bin.limit / 2;
-                let mut last_kept = bin.head;
-                for _ in 1..keep {
-                    last_kept = (*last_kept).next;
+                // Give back the most recent frees, down to half the limit: they are at the
+                // front of the list and warm in this core's cache, so walking them is cheap.
+                // Blocks behind them (a page's free list handed over whole by a refill) are
+                // not walked.
+                let give = bin.count - bin.limit / 2;
+                let first = bin.head;
+                let mut last = first;
+                for _ in 1..give {
+                    last = (*last).next;
                 }
-                let (rest, rest_count) = if keep == 0 {
-                    let r = bin.head;
-                    bin.head = null_mut();
-                    (r, bin.count)
-                } else {
-                    let r = (*last_kept).next;
-                    (*last_kept).next = null_mut();
-                    (r, bin.count - keep)
-                };
-                bin.count -= rest_count;
+                bin.head = (*last).next;
+                (*last).next = null_mut();
+                bin.count -= give;
                 HEAP.small_heap()
-                    .return_slots(class, rest, rest_count as usize, HEAP.stamp());
+                    .return_slots(class, first, give as usize, HEAP.stamp());
                 HEAP.after_slow_path();
             }
             (*slot).next = bin.head;
@@ -370,13 +371,15 @@ impl ThreadCache {
             // SAFETY: forwarded; the cached slots are free blocks of this class.
             unsafe {
                 let bin = self.bin(class);
-                if bin.count > 0 {
-                    HEAP.small_heap().return_slots(
-                        class,
-                        bin.head,
-                        bin.count as usize,
-                        HEAP.stamp(),
-                    );
+                let mut len = 0;
+                let mut slot = bin.head;
+                while !slot.is_null() {
+                    len += 1;
+                    slot = (*slot).next;
+                }
+                if len > 0 {
+                    HEAP.small_heap()
+                        .return_slots(class, bin.head, len, HEAP.stamp());
                 }
                 bin.head = null_mut();
                 bin.count = 0;

@@ -39,6 +39,11 @@ pub(crate) fn huge_pages_wanted(bytes_before: usize) -> bool {
     from != usize::MAX && bytes_before >= from.saturating_mul(SEGMENT_SIZE)
 }
 
+/// How much longer than asked a page's free list may be and still be handed over whole by
+/// `take_slots` (a cache that receives it walks it only if it gives the blocks back, for
+/// instance when its thread exits).
+const SPLICE_FACTOR: usize = 8;
+
 /// Whether double frees and foreign frees of small blocks are checked with a bitmap.
 pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
 /// Words of the per-page "slot is live" bitmap (one bit per slot of the smallest class).
@@ -424,10 +429,10 @@ impl SmallHeap {
         true
     }
 
-    /// Hands out about `max` slots of `class`, linked through their first word: up to `max`,
-    /// or (when `max > 1`) up to `2 * max` if a page's whole free list can be handed over
-    /// without walking it. Returns the list head and how many slots it holds (0 when the
-    /// source is out of memory).
+    /// Hands out slots of `class`, linked through their first word: up to `max` fresh or
+    /// freed slots, or (when `max > 1`) a page's whole free list of up to
+    /// `SPLICE_FACTOR * max` slots, handed over without walking it. Returns the list head
+    /// and how many slots it holds (0 when the source is out of memory).
     pub(crate) fn take_slots(
         &self,
         class: usize,
@@ -450,10 +455,10 @@ impl SmallHeap {
                 let page = st.partial;
                 let elem = (*page).elem as usize;
                 let free_count = (*page).free_count as usize;
-                if max > 1 && free_count > 0 && free_count <= 2 * (max - got) {
+                if max > 1 && free_count > 0 && free_count <= SPLICE_FACTOR * (max - got) {
                     // Take the page's whole free list as the chain's last segment, without
-                    // touching its slots: they are cold, and the program will touch each
-                    // one when it uses it anyway.
+                    // touching its slots: they are cold (often freed on another core), and
+                    // the program will touch each one when it uses it anyway.
                     if tail.is_null() {
                         head = (*page).free;
                     } else {
