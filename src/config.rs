@@ -8,7 +8,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `TAGALLOC_PURGE_DELAY_MS` | milliseconds free memory stays mapped before it goes back to the OS; `0` = at once, `never` = only on `garbage_collect` | 1000 |
-//! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for small-block segments: `auto` (once the heap passes 8 MiB), `always`, `never` | `auto` |
+//! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for small-block segments: `never`, `auto` (once the heap passes 8 MiB), `always` | `never` |
 //! | `TAGALLOC_RECORDS` | allocation records per allocator, e.g. `Script Canvas=full,SystemAllocator=sample:512KiB` (syntax in [`records::config`](crate::records::config)) | all off |
 //! | `TAGALLOC_REPORT` | a path: the allocator table and the leak report are written there at exit | none |
 
@@ -104,13 +104,16 @@ pub fn parse_huge_pages(text: &[u8]) -> Result<HugePages, &'static str> {
     }
 }
 
-/// The huge-page setting the environment asks for (default `Auto`); warns about bad values.
+/// The huge-page setting the environment asks for (default `Never`: with the kernel's usual
+/// `defrag=madvise`, a fault in a huge-page region may stall on memory compaction for
+/// hundreds of milliseconds, which a game or a server should not get by default); warns
+/// about bad values.
 pub(crate) fn huge_pages_from_env() -> HugePages {
     match env_bytes(c"TAGALLOC_HUGE_PAGES") {
-        None => HugePages::Auto,
+        None => HugePages::Never,
         Some(value) => parse_huge_pages(value).unwrap_or_else(|why| {
             warn_bad_value("TAGALLOC_HUGE_PAGES", value, why);
-            HugePages::Auto
+            HugePages::Never
         }),
     }
 }

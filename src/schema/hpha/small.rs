@@ -28,9 +28,9 @@ pub const SEGMENT_SIZE: usize = 2 * 1024 * 1024;
 const PAGES_PER_SEGMENT: usize = SEGMENT_SIZE / PAGE_SIZE;
 
 /// Segments after this many are backed by transparent huge pages (fewer TLB misses for
-/// programs with large heaps); a small program keeps small pages and a small RSS.
-/// `usize::MAX` turns huge pages off.
-pub(crate) static HUGE_PAGES_FROM_SEGMENT: AtomicUsize = AtomicUsize::new(4);
+/// programs with large heaps); `usize::MAX` (the default) turns huge pages off. See
+/// `config::HugePages` for why they are opt-in.
+pub(crate) static HUGE_PAGES_FROM_SEGMENT: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Whether the next mapping of a side of the heap that already maps `bytes_before` should
 /// ask for huge pages (the threshold is [`HUGE_PAGES_FROM_SEGMENT`] segments' worth).
