@@ -70,17 +70,19 @@ const STATE_DEAD: u8 = 2;
 #[derive(Clone, Copy)]
 struct Bin {
     head: *mut FreeSlot,
-    /// Blocks this thread freed into the bin and has not given back (at most the list's
-    /// length: a refill may hand over a page's whole free list, which is not counted, so
-    /// that a thread that mostly allocates never walks those cold blocks).
-    count: u32,
+    /// Frees into the bin minus blocks taken from it since the last refill: a refill may
+    /// hand over a page's whole free list, which is not counted (so a thread that mostly
+    /// allocates never walks those cold blocks), and taking them may drive this below zero.
+    /// It never exceeds the list's length, and is reset to 0 at each refill (the list is
+    /// empty then), so the bin holds at most `limit` plus one refill.
+    count: i32,
     /// Blocks to take at the next refill: starts small so a short-lived thread that uses a
     /// class once does not take (and later give back) a whole batch, and doubles with use
     /// up to half the limit.
     refill: u32,
     /// 0 until the cache is registered and again once it is dead, so that the first free
     /// of a new cache, and every free of a dead one, takes the slow path.
-    limit: u32,
+    limit: i32,
 }
 
 /// Per-class allocation and free counts shared by exited threads and threads running
@@ -256,7 +258,7 @@ impl ThreadCache {
                 return self.allocate_slow(class);
             }
             bin.head = (*slot).next;
-            bin.count = bin.count.saturating_sub(1);
+            bin.count -= 1;
             self.owner_alloc(class);
             mark_allocated(slot.cast());
             slot.cast()
@@ -285,7 +287,7 @@ impl ThreadCache {
         }
         // SAFETY: owning thread, valid class.
         let bin = unsafe { self.bin(class) };
-        let want = bin.refill.min(bin.limit / 2).max(1) as usize;
+        let want = bin.refill.min(bin.limit as u32 / 2).max(1) as usize;
         bin.refill = bin.refill.saturating_mul(2);
         let (head, got) = small.take_slots(class, want, HEAP.source());
         HEAP.after_slow_path();
@@ -293,10 +295,10 @@ impl ThreadCache {
             return null_mut();
         }
         // SAFETY: `head` is the first of `got` slots linked through their first word. The
-        // bin is empty here, so the rest becomes the bin; `count` (the frees not yet given
-        // back) is unchanged, as the refill freed nothing.
+        // bin is empty here, so the rest becomes the bin and the count starts again.
         unsafe {
             bin.head = (*head).next;
+            bin.count = 0;
             self.owner_alloc(class);
             mark_allocated(head.cast());
         }
@@ -405,7 +407,7 @@ impl ThreadCache {
         }
         for class in 0..CLASS_COUNT {
             // SAFETY: owning thread.
-            unsafe { self.bin(class).limit = bin_limit(class) };
+            unsafe { self.bin(class).limit = bin_limit(class) as i32 };
         }
         let mut list = THREADS.lock();
         self.prev.store(null_mut(), Relaxed);
