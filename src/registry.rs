@@ -371,9 +371,8 @@ impl Iterator for Allocators {
     type Item = &'static Registration;
 
     fn next(&mut self) -> Option<&'static Registration> {
-        // SAFETY: every pointer in the list was made from a `&'static Registration` and
-        // entries are never unlinked, so it is valid for the rest of the process. The
-        // acquire load of HEAD (or of the previous `next`) made its fields visible.
+        // SAFETY: list pointers come from `&'static Registration`s, never unlinked; the acquire
+        // load of HEAD (or of the previous `next`) made the entry's fields visible.
         let entry = unsafe { self.next.as_ref()? };
         self.next = entry.next.load(Ordering::Acquire);
         Some(entry)

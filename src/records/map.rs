@@ -115,9 +115,8 @@ impl<V: Copy, A: Allocator> AddrMap<V, A> {
             return None;
         }
         let mut i = hash as usize & self.mask;
-        // SAFETY: every index is masked into the allocation; the map is never full (it grows
-        // at 5/8), so the probe meets an empty slot. Slots are copied whole (their value is
-        // a `MaybeUninit`) and a value is read only from an occupied slot.
+        // SAFETY: indices are masked into the allocation; never full (grows at 5/8), so a probe
+        // meets an empty slot; slots copy whole (`MaybeUninit` values), read only when occupied.
         unsafe {
             loop {
                 let s = *self.slot(i);

@@ -57,9 +57,8 @@ pub(crate) fn capture(frames: u8, boundary: usize) -> Captured {
         out.len += 1;
         out.len < want
     };
-    // SAFETY: `trace_unsynchronized` is unsafe only because it is not serialised with other
-    // traces; on the platforms tagalloc supports it calls the thread-safe platform unwinder
-    // (`_Unwind_Backtrace`). The callback never panics and allocates nothing.
+    // SAFETY: unsafe only for lack of serialisation; here it calls the thread-safe platform
+    // unwinder (`_Unwind_Backtrace`), and the callback never panics nor allocates.
     unsafe { backtrace::trace_unsynchronized(&mut each) };
     out
 }

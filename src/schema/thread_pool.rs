@@ -627,9 +627,8 @@ impl<P: PageParent> Drop for ThreadPoolSchema<P> {
         if core.is_null() {
             return;
         }
-        // SAFETY: the core is ours; once its slot is released no exiting thread touches it,
-        // and with `&mut self` no thread is inside the pool. Every page, heap and the core
-        // came from the parent with the layouts used here.
+        // SAFETY: the core is ours: once its slot is released no exiting thread touches it and
+        // `&mut self` keeps others out; pages, heaps and core came from the parent as used here.
         unsafe {
             registry::release_slot((*core).slot, (*core).uid);
             let page_layout = self.config.page_layout();

@@ -77,9 +77,8 @@ impl Drop for ThreadTable {
             });
             let slots = SLOT_UIDS.lock();
             if slots[slot] == e.uid {
-                // SAFETY: the slot still belongs to the schema that created this heap, so
-                // the schema (and its core and heaps) is alive, and cannot be dropped while
-                // we hold the slot lock; this thread was the heap's user and is exiting.
+                // SAFETY: the slot still belongs to the heap's schema, alive (and undroppable while
+                // we hold the slot lock); this thread was the heap's user and is exiting.
                 unsafe { ThreadHeap::abandon(e.heap) };
             }
             drop(slots);
