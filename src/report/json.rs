@@ -3,23 +3,9 @@
 use super::Snapshot;
 use std::fmt::Write;
 
-/// `text` as a JSON string literal.
+/// `text` as a JSON string literal (the virtual block's escaper: one for the crate).
 pub(super) fn string(out: &mut String, text: &str) {
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    crate::virtual_block::json::push_json_string(out, text);
 }
 
 /// A number, or `null` for `None`.

@@ -46,7 +46,7 @@
 
 mod defrag;
 mod facade;
-mod json;
+pub(crate) mod json;
 mod linear;
 mod stats;
 mod svg;
