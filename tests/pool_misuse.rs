@@ -4,28 +4,17 @@
 //! Each case runs in a child process (this test binary, re-run with an environment variable
 //! naming the case), because the expected outcome is the process aborting.
 
+mod common;
+
 use core::alloc::Layout;
 use std::alloc::System;
-use std::process::Command;
 use tagalloc::schema::{PoolConfig, PoolSchema, ThreadPoolSchema};
 
 const CASE_VAR: &str = "TAGALLOC_POOL_MISUSE_CASE";
 
 /// Runs `case` in a child process and returns its stderr; asserts it did not exit cleanly.
 fn run_child(case: &str) -> String {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
-        .args([
-            "child_entry_point",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CASE_VAR, case)
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "case {case} should have aborted");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    common::run_aborting_child(CASE_VAR, case)
 }
 
 /// The child side: performs the misuse named in the environment.
