@@ -36,11 +36,14 @@ pub enum AllocatorKind {
     ThreadPool,
     /// tagalloc's own bookkeeping (the allocation records' heap), on the OS layer.
     Internal,
+    /// Memory tagalloc never touches, managed from outside (an `ExternalMapAllocator` over a
+    /// GPU heap, a file, a buffer): its figures are counted as a root of their own.
+    External,
 }
 
 impl AllocatorKind {
     /// A lower-case name for reports (`"os"`, `"system"`, `"child"`, `"pool"`,
-    /// `"thread_pool"`, `"internal"`).
+    /// `"thread_pool"`, `"internal"`, `"external"`).
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Os => "os",
@@ -49,6 +52,7 @@ impl AllocatorKind {
             Self::Pool => "pool",
             Self::ThreadPool => "thread_pool",
             Self::Internal => "internal",
+            Self::External => "external",
         }
     }
 }

@@ -11,6 +11,7 @@
 //! writes through them, so it needs no `unsafe`. Whoever dereferences the returned pointers
 //! answers for their validity.
 
+use crate::registry::Registration;
 use std::collections::HashMap;
 use std::ptr::NonNull;
 
@@ -61,6 +62,8 @@ pub struct ExternalMapAllocator {
     /// Live allocations by offset, for deallocation by pointer.
     by_offset: HashMap<u64, Alloc>,
     stats: FacadeStatistics,
+    /// The registry entry its figures are also counted in, once registered.
+    registration: Option<&'static Registration>,
 }
 
 // SAFETY: the facade never dereferences `base`; it is only an address to add offsets to. No
@@ -88,7 +91,48 @@ impl ExternalMapAllocator {
                 capacity: size,
                 ..Default::default()
             },
+            registration: None,
         })
+    }
+
+    /// Registers the facade as an allocator: `entry` (a `static`, built with
+    /// `Registration::new(name, description, AllocatorKind::External, None,
+    /// Registration::read_counters)`) joins the registry, and from now on every allocation
+    /// and free is counted in it as well, so the allocator table, the tree and the JSON
+    /// snapshot show this range's live bytes, blocks, totals and peak. Blocks already live
+    /// are counted at once. An entry serves one facade at a time.
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use tagalloc::registry::Registration;
+    /// use tagalloc::virtual_block::ExternalMapAllocator;
+    /// use tagalloc::AllocatorKind;
+    ///
+    /// static GPU_HEAP: Registration = Registration::new(
+    ///     "GpuHeap",
+    ///     "Device-local heap",
+    ///     AllocatorKind::External,
+    ///     None,
+    ///     Registration::read_counters,
+    /// );
+    /// let mut heap = ExternalMapAllocator::new("GpuHeap", NonNull::<u8>::dangling(), 1 << 20)?;
+    /// heap.register(&GPU_HEAP);
+    /// let p = heap.allocate(4096, 256)?;
+    /// assert_eq!(GPU_HEAP.stats().live_granted_bytes, 4096);
+    /// heap.deallocate(p.as_ptr())?;
+    /// assert_eq!(GPU_HEAP.stats().live_blocks, 0);
+    /// # Ok::<(), tagalloc::virtual_block::Error>(())
+    /// ```
+    pub fn register(&mut self, entry: &'static Registration) {
+        entry.register();
+        for a in self.by_offset.values() {
+            if let Ok(info) = self.block.info(*a) {
+                let size = info.size as usize;
+                let live = entry.counters().add_granted(size);
+                entry.counters().commit_allocation(size, live);
+            }
+        }
+        self.registration = Some(entry);
     }
 
     /// The allocator's name.
@@ -111,6 +155,10 @@ impl ExternalMapAllocator {
         s.live_count += 1;
         s.total_allocations += 1;
         s.peak_bytes = s.peak_bytes.max(s.live_bytes);
+        if let Some(entry) = self.registration {
+            let live = entry.counters().add_granted(size as usize);
+            entry.counters().commit_allocation(size as usize, live);
+        }
         // `new` checked that base + capacity does not wrap, so this is in range and non-null.
         NonNull::new(self.base.as_ptr().wrapping_add(a.offset() as usize))
             .ok_or(Error::AddressOverflow)
@@ -132,6 +180,9 @@ impl ExternalMapAllocator {
         self.stats.live_bytes -= size;
         self.stats.live_count -= 1;
         self.stats.total_deallocations += 1;
+        if let Some(entry) = self.registration {
+            entry.counters().record_free(size as usize, size as usize);
+        }
         Ok(())
     }
 
