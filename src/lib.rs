@@ -7,26 +7,33 @@
     allow(internal_features)
 )]
 
-// The hierarchy, bottom to top: the OS layer, the schemas (algorithms), the allocators.
+// The hierarchy, bottom to top. Data flows down; nothing imports a module above it.
+//
+// Support, used everywhere: allocation-free locks, aborting with a message, start-up
+// configuration read without allocating.
 pub mod config;
 mod fatal;
-pub mod os;
-pub mod schema;
 mod sync;
-mod system;
-mod thread_cache;
-pub mod virtual_block;
-// The allocator family, above the heap: statistics and budgets, the registry, child
-// allocators, the per-type handles, typed allocation, and the reports.
+// 1. The OS layer: pages from mmap, counted.
+pub mod os;
+// 2. Schemas: the algorithms (HPHA, pools), free of global state, testable under Miri.
+pub mod schema;
+// 3. Allocators: the global SystemAllocator with its thread caches; the tagged family
+//    (counters and budgets, the registry, child and pool cores) and allocation records.
 mod budget;
 pub mod child;
-pub mod handle;
 pub mod pools;
 pub mod records;
 pub mod registry;
-pub mod report;
 mod stats;
+mod system;
+mod thread_cache;
+// 4. What programs use: per-type handles (`allocator!`), typed allocation, reports.
+pub mod handle;
+pub mod report;
 pub mod typed;
+// Apart from the hierarchy: offsets in memory tagalloc never touches (GPU heaps, files).
+pub mod virtual_block;
 
 pub use allocator_api2;
 pub use budget::{Budget, BudgetEvent, BudgetHook, BudgetMode, log_budget_event};
