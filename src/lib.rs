@@ -7,7 +7,9 @@
     allow(internal_features)
 )]
 
-// The hierarchy, bottom to top. Data flows down; nothing imports a module above it.
+// The hierarchy, bottom to top. Data flows down. Two bridges point up on purpose:
+// `schema::parent` implements its page-source trait for the `SystemAllocator`, and the
+// virtual block's facade can register itself in the allocator registry.
 //
 // Support, used everywhere: allocation-free locks, aborting with a message, start-up
 // configuration read without allocating.
