@@ -83,7 +83,9 @@ fn child_entry_point() {
     std::process::exit(0);
 }
 
+/// Double frees are caught by the per-slot check of debug builds or feature `checked`.
 #[test]
+#[cfg(any(debug_assertions, feature = "checked"))]
 fn double_free_is_reported_with_the_pool_name() {
     let err = run_child("double_free");
     assert!(
@@ -113,13 +115,17 @@ fn freeing_with_a_layout_the_pool_never_grants_is_reported() {
     assert!(err.contains("this pool never grants"), "{err}");
 }
 
+/// Double frees are caught by the per-slot check of debug builds or feature `checked`.
 #[test]
+#[cfg(any(debug_assertions, feature = "checked"))]
 fn thread_pool_double_free_is_reported() {
     let err = run_child("thread_pool_double_free_on_owner");
     assert!(err.contains("pool 'victim': double free"), "{err}");
 }
 
+/// Double frees are caught by the per-slot check of debug builds or feature `checked`.
 #[test]
+#[cfg(any(debug_assertions, feature = "checked"))]
 fn thread_pool_double_free_from_another_thread_is_reported_when_drained() {
     let err = run_child("thread_pool_double_remote_free");
     assert!(err.contains("pool 'victim': double free"), "{err}");

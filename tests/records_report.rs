@@ -45,6 +45,11 @@ fn make_scratch(n: usize) {
 /// them: top-level metadata, program points with tb/tbk/tl/mb/mbk/gb/gbk/eb/ebk/fs, and a
 /// frame table whose entry 0 is "[root]".
 #[test]
+// Checks resolved file:line in frames, which needs the debug info of the default test profile.
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs debug info (file:line in resolved frames)"
+)]
 fn the_dhat_profile_has_the_fields_dhats_viewer_reads() {
     DhatChild.set_records(RecordMode::full());
     let meshes = make_meshes(10);
@@ -138,6 +143,11 @@ fn make_documents() -> Vec<AVec<u8, JsonChild>> {
 
 /// The JSON dump parses with serde_json and gives back every field of every record.
 #[test]
+// Checks resolved file:line in frames, which needs the debug info of the default test profile.
+#[cfg_attr(
+    not(debug_assertions),
+    ignore = "needs debug info (file:line in resolved frames)"
+)]
 fn the_json_record_dump_round_trips_through_serde_json() {
     JsonChild.set_records(RecordMode::Full { frames: 3 });
     let docs = make_documents();
