@@ -47,7 +47,9 @@ const SPLICE_FACTOR: usize = 8;
 /// Whether double frees and foreign frees of small blocks are checked with a bitmap.
 pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
 /// Words of the per-page "slot is live" bitmap (one bit per slot of the smallest class).
-const BITMAP_WORDS: usize = if CHECKED { PAGE_SIZE / 8 / 64 } else { 0 };
+/// Words a bitmap with one bit per slot of the smallest class needs.
+const FULL_BITMAP_WORDS: usize = PAGE_SIZE / 8 / 64;
+const BITMAP_WORDS: usize = if CHECKED { FULL_BITMAP_WORDS } else { 0 };
 
 /// `page.class` of a page that belongs to no class (in the pool).
 const NO_CLASS: u16 = u16::MAX;
@@ -106,7 +108,7 @@ pub(crate) struct PageHeader {
 /// Bytes at the start of each page taken by the header.
 const HEADER_SPACE: usize = core::mem::size_of::<PageHeader>();
 const _: () = assert!(HEADER_SPACE <= 2048);
-const _: () = assert!((PAGE_SIZE - HEADER_SPACE) / 8 <= BITMAP_WORDS * 64 || !CHECKED);
+const _: () = assert!((PAGE_SIZE - HEADER_SPACE) / 8 <= FULL_BITMAP_WORDS * 64);
 
 #[inline]
 fn page_marker(page: *mut PageHeader) -> usize {
