@@ -5,7 +5,7 @@
 //! (the ones the handles' `Allocator` impls make), and the child is also measured through
 //! `allocator_api2::alloc::Allocator`, so the difference is what tagging costs: counting
 //! the granted and requested bytes, the peak and the budget check. The target is ≤ 5 %.
-//! Children without a budget count in per-thread shards (see `src/stats.rs`).
+//! Children without a budget count in per-thread shards (see `src/allocator/stats.rs`).
 //!
 //! Measured (2-core shared Xeon, SystemAllocator with thread caches; ns per pair, median of
 //! three runs alternating the two builds; "before" is the atomic counters, "after" the

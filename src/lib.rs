@@ -20,16 +20,13 @@ mod sync;
 pub mod os;
 // 2. Schemas: the algorithms (HPHA, pools), free of global state, testable under Miri.
 pub mod schema;
-// 3. Allocators: the global SystemAllocator with its thread caches; the tagged family
-//    (counters and budgets, the registry, child and pool cores) and allocation records.
-mod budget;
-pub mod child;
-pub mod pools;
+// 3. Allocators (src/allocator/): the global SystemAllocator with its thread caches; the
+//    tagged family (counters and budgets, the registry, child and pool cores). Records
+//    (src/records/) hook into both.
+mod allocator;
 pub mod records;
-pub mod registry;
-mod stats;
-mod system;
-mod thread_cache;
+pub(crate) use allocator::{budget, stats, system, thread_cache};
+pub use allocator::{child, pools, registry};
 // 4. What programs use: per-type handles (`allocator!`), typed allocation, reports.
 pub mod handle;
 pub mod report;
