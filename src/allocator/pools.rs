@@ -159,21 +159,19 @@ impl<P: PageParent + Send> PoolCore<P> {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)> {
-        let taken = records::before_realloc(registration, ptr);
         // SAFETY: forwarded from the caller; the closures are this pool's own allocate and
-        // free, without records (the record moves once, here).
-        let result = unsafe {
-            reallocate_in_pool(
+        // free, without records (the record moves once, in the helper).
+        unsafe {
+            reallocate_recorded(
                 self.config(),
+                registration,
                 ptr,
                 layout,
                 new_size,
                 |l| self.allocate_unrecorded(registration, l, false),
                 |p, l| self.deallocate_unrecorded(p, l),
             )
-        };
-        records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
-        result
+        }
     }
 
     /// # Safety
@@ -280,21 +278,19 @@ impl<P: PageParent> ThreadPoolCore<P> {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)> {
-        let taken = records::before_realloc(registration, ptr);
         // SAFETY: forwarded from the caller; the closures are this pool's own allocate and
-        // free, without records (the record moves once, here).
-        let result = unsafe {
-            reallocate_in_pool(
+        // free, without records (the record moves once, in the helper).
+        unsafe {
+            reallocate_recorded(
                 self.config(),
+                registration,
                 ptr,
                 layout,
                 new_size,
                 |l| self.allocate_unrecorded(registration, l, false),
                 |p, l| self.deallocate_unrecorded(p, l),
             )
-        };
-        records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
-        result
+        }
     }
 
     /// # Safety
@@ -316,6 +312,27 @@ impl<P: PageParent> ThreadPoolCore<P> {
     pub fn stats(&self) -> AllocatorStats {
         to_stats(self.schema.stats())
     }
+}
+
+/// [`reallocate_in_pool`] with the block's record moved along, for both pool cores.
+///
+/// # Safety
+/// As for [`reallocate_in_pool`]; `allocate` and `deallocate` must not record.
+#[inline]
+unsafe fn reallocate_recorded(
+    config: PoolConfig,
+    registration: &'static Registration,
+    ptr: NonNull<u8>,
+    layout: Layout,
+    new_size: usize,
+    allocate: impl FnOnce(Layout) -> Option<Allocation>,
+    deallocate: impl FnOnce(NonNull<u8>, Layout) -> usize,
+) -> Option<(Allocation, usize)> {
+    let taken = records::before_realloc(registration, ptr);
+    // SAFETY: forwarded from the caller.
+    let result = unsafe { reallocate_in_pool(config, ptr, layout, new_size, allocate, deallocate) };
+    records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
+    result
 }
 
 /// `BlockAllocator::reallocate_block` for a pool: allocate, copy and free (pools have no

@@ -228,9 +228,10 @@ fn impossible_requests_return_none() {
     assert_eq!(h.stats().live_blocks, 0);
 }
 
-struct XorShift(u64);
+/// A tiny deterministic generator for the randomised tests of this module and `tree`.
+pub(super) struct XorShift(pub(super) u64);
 impl XorShift {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;

@@ -460,6 +460,7 @@ fn is_red_checked(n: *mut Node) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::hpha::tests::XorShift;
     use std::collections::BTreeSet;
 
     /// Node storage for tests: a vector that is never resized, so addresses are stable,
@@ -477,16 +478,6 @@ mod tests {
         // SAFETY: `i < n`, inside the vector.
         let ptrs = (0..n).map(|i| unsafe { base.add(i) }).collect();
         (nodes, ptrs)
-    }
-
-    struct XorShift(u64);
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
     }
 
     #[test]
