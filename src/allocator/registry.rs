@@ -329,6 +329,7 @@ impl Registration {
             records::activate();
         }
         self.records.set(mode, true);
+        self.records_changed();
     }
 
     /// Applies a mode from the environment (unless code has set one).
@@ -337,6 +338,15 @@ impl Registration {
             records::activate();
         }
         self.records.set(mode, false);
+        self.records_changed();
+    }
+
+    /// After this allocator's record settings changed: the `SystemAllocator`'s fast paths
+    /// read a per-thread mirror of them, which is rewritten here.
+    pub(crate) fn records_changed(&self) {
+        if core::ptr::eq(self, &SYSTEM) {
+            crate::thread_cache::system_records_changed();
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 use crate::records;
 use crate::schema::HphaStats;
 use crate::schema::hpha::size_class::{CLASS_BY_UNITS, MAX_SMALL, class_for};
-use crate::thread_cache::{self, HEAP};
+use crate::thread_cache::{self, HEAP, SampleCharge};
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
@@ -137,12 +137,10 @@ impl SystemAllocator {
 unsafe impl GlobalAlloc for SystemAllocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // The records check sits after the size test, so that both slow ways out are tail
-        // calls with the arguments still in place (no stack frame on the fast path).
+        // Small requests: the thread cache's own mirror of the records settings says whether
+        // to step aside, so records off cost one test of a TLS byte and no static.
         if let Some(class) = small_fast_class(layout) {
-            if !records::global::alloc_hooked() {
-                return thread_cache::allocate(class);
-            }
+            return thread_cache::allocate_gated(class, layout, alloc_small_missed);
         }
         alloc_slow(layout)
     }
@@ -162,9 +160,7 @@ unsafe impl GlobalAlloc for SystemAllocator {
         // this layout, so it came from the same side the layout selects now.
         unsafe {
             if let Some(class) = small_fast_class(layout) {
-                if !records::global::free_hooked() {
-                    return thread_cache::free(ptr, class);
-                }
+                return thread_cache::free_gated(ptr, class, layout, dealloc_small_missed);
             }
             dealloc_slow(ptr, layout)
         }
@@ -179,6 +175,26 @@ unsafe impl GlobalAlloc for SystemAllocator {
             realloc_plain(ptr, layout, new_size)
         }
     }
+}
+
+/// A small allocation the thread cache's fast path did not serve: its bin was empty, or
+/// records want a look. Sampling charges the thread's countdown (only the allocation that
+/// exhausts it is recorded); anything else takes the general path. Size and alignment come
+/// separately, in the order `GlobalAlloc`'s callers pass them.
+#[inline(never)]
+fn alloc_small_missed(size: usize, align: usize) -> *mut u8 {
+    // SAFETY: the fast path had a valid layout with this size and alignment.
+    let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
+    if let Some(class) = small_fast_class(layout) {
+        match thread_cache::charge_sample(layout.size()) {
+            SampleCharge::Skip => return thread_cache::allocate(class),
+            SampleCharge::Sampled(interval) => {
+                return records::global::alloc_sampled(layout, interval, alloc_plain);
+            }
+            SampleCharge::General => {}
+        }
+    }
+    alloc_slow(layout)
 }
 
 /// Allocation off the fast path: not a small request, or records on.
@@ -201,6 +217,18 @@ fn alloc_with_records(layout: Layout) -> *mut u8 {
     }
     // SAFETY: `alloc_plain` is this allocation without records.
     unsafe { records::global::alloc(layout, alloc_plain) }
+}
+
+/// A small free the thread cache's fast path did not take: its bin was full, or records
+/// may hold the block.
+///
+/// # Safety
+/// As for [`dealloc_plain`], with the layout given as size and alignment.
+#[inline(never)]
+unsafe fn dealloc_small_missed(ptr: *mut u8, size: usize, align: usize) {
+    // SAFETY: the fast path had a valid layout with this size and alignment; the rest is
+    // forwarded from the caller.
+    unsafe { dealloc_slow(ptr, Layout::from_size_align_unchecked(size, align)) }
 }
 
 /// Free off the fast path: not a small block, or records on.

@@ -27,11 +27,13 @@
 
 use crate::config;
 use crate::os::OsAllocator;
+use crate::records;
 use crate::schema::HphaSchema;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
 use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
 use crate::stats::ShardSet;
 use crate::sync::{SpinGuard, SpinLock};
+use core::alloc::Layout;
 use core::cell::{Cell, UnsafeCell};
 use core::ptr::{self, null_mut};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
@@ -65,6 +67,18 @@ const FIRST_REFILL: u32 = 4;
 const STATE_NEW: u8 = 0;
 const STATE_ACTIVE: u8 = 1;
 const STATE_DEAD: u8 = 2;
+
+/// [`ThreadCache::hooks`]: allocations take the `SystemAllocator`'s general path (records of
+/// every allocation, the environment not read yet, or a cache that is not registered).
+pub(crate) const HOOK_ALLOC: u8 = 1;
+/// Allocations are sampled: the fast path charges the thread's countdown and leaves it only
+/// for the allocation that takes the countdown to zero.
+pub(crate) const HOOK_SAMPLE: u8 = 2;
+/// Frees take the general path (records may be in the table).
+pub(crate) const HOOK_FREE: u8 = 4;
+/// A cache that is new or dead sends everything down the general path, which checks the
+/// settings word itself and registers the cache.
+const HOOKS_UNREGISTERED: u8 = HOOK_ALLOC | HOOK_FREE;
 
 /// One size class's cached blocks.
 #[derive(Clone, Copy)]
@@ -158,6 +172,16 @@ struct ClassSlot {
 /// One thread's cache. Lives in TLS; other threads only read its counters and, under the
 /// registry lock, its links.
 pub(crate) struct ThreadCache {
+    /// What the `SystemAllocator`'s records ask of this thread's fast paths ([`HOOK_ALLOC`],
+    /// [`HOOK_SAMPLE`], [`HOOK_FREE`]): a mirror of its settings word, written under the
+    /// registry lock by whoever changes the word and read by the owner with one load from
+    /// its own TLS (no static to reach, no shared line). 0: records off, nothing to do.
+    hooks: AtomicU8,
+    /// Bytes the owner may still allocate on the fast path before the next sampled
+    /// allocation (owner only; see [`HOOK_SAMPLE`]). 0 until the first countdown is drawn.
+    sample_left: Cell<i64>,
+    /// The owner's generator for sample countdowns (0 until seeded).
+    sample_rng: Cell<u64>,
     slots: [ClassSlot; CLASS_COUNT],
     /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`).
     shards: ShardSet,
@@ -169,6 +193,9 @@ pub(crate) struct ThreadCache {
 impl ThreadCache {
     const fn new() -> Self {
         Self {
+            hooks: AtomicU8::new(HOOKS_UNREGISTERED),
+            sample_left: Cell::new(0),
+            sample_rng: Cell::new(0),
             slots: [const {
                 ClassSlot {
                     bin: UnsafeCell::new(Bin {
@@ -418,6 +445,9 @@ impl ThreadCache {
         }
         list.head = me;
         list.count += 1;
+        // Read under the registry lock: a change of the word made before this is seen here,
+        // one made after it is propagated to this cache by `system_records_changed`.
+        self.hooks.store(records::global::thread_hooks(), Relaxed);
         self.state.set(STATE_ACTIVE);
     }
 
@@ -434,6 +464,7 @@ impl ThreadCache {
             unsafe { self.bin(class).limit = 0 };
         }
         self.state.set(STATE_DEAD);
+        self.hooks.store(HOOKS_UNREGISTERED, Relaxed);
         self.move_counts_to_orphans();
         self.shards.retire();
         let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
@@ -488,6 +519,129 @@ pub(crate) fn allocate(class: usize) -> *mut u8 {
 pub(crate) unsafe fn free(ptr: *mut u8, class: usize) {
     // SAFETY: forwarded from the caller; the cache is this thread's own.
     CACHE.with(|tc| unsafe { tc.free(ptr, class) })
+}
+
+/// The small-allocation fast path of `SystemAllocator::alloc`: pops a block of `class`.
+/// Everything else — an empty bin, or [`hooks`](ThreadCache::hooks) saying records want a
+/// look first — goes to `miss(size, align)`, a single way out with the caller's own
+/// arguments in their own registers (so the fast path needs no stack frame and no moves).
+#[inline(always)]
+pub(crate) fn allocate_gated(
+    class: usize,
+    layout: Layout,
+    miss: fn(usize, usize) -> *mut u8,
+) -> *mut u8 {
+    CACHE.with(|tc| {
+        // SAFETY: the cache is this thread's own; `class` comes from the class table.
+        unsafe {
+            let bin = tc.bin(class);
+            let slot = bin.head;
+            if tc.hooks.load(Relaxed) & (HOOK_ALLOC | HOOK_SAMPLE) != 0 || slot.is_null() {
+                return miss(layout.size(), layout.align());
+            }
+            bin.head = (*slot).next;
+            bin.count -= 1;
+            tc.owner_alloc(class);
+            mark_allocated(slot.cast());
+            slot.cast()
+        }
+    })
+}
+
+/// The small-free fast path of `SystemAllocator::dealloc`: pushes the block onto its bin.
+/// A full bin, or records that may hold the block, send it to `miss(ptr, size, align)`.
+///
+/// # Safety
+/// `ptr` must be a live small block of `class` allocated with `layout`; `miss` must be
+/// safe to call with them.
+#[inline(always)]
+pub(crate) unsafe fn free_gated(
+    ptr: *mut u8,
+    class: usize,
+    layout: Layout,
+    miss: unsafe fn(*mut u8, usize, usize),
+) {
+    CACHE.with(|tc| {
+        // SAFETY: forwarded from the caller; the cache is this thread's own.
+        unsafe {
+            let bin = tc.bin(class);
+            if tc.hooks.load(Relaxed) & HOOK_FREE != 0 || bin.count >= bin.limit {
+                return miss(ptr, layout.size(), layout.align());
+            }
+            check_free(ptr, class);
+            let slot: *mut FreeSlot = ptr.cast();
+            (*slot).next = bin.head;
+            bin.head = slot;
+            bin.count += 1;
+            tc.owner_free(class);
+        }
+    })
+}
+
+/// What sampling says about a small allocation that missed the fast path.
+pub(crate) enum SampleCharge {
+    /// Not sampled (the countdown was charged): take a block from the cache.
+    Skip,
+    /// Sampled at this mean interval (a new countdown was drawn): record it.
+    Sampled(u64),
+    /// Not a sampling matter (records of every allocation, a cache not registered, the
+    /// environment not read): take the general path.
+    General,
+}
+
+/// Charges an allocation of `size` bytes to the calling thread's sample countdown.
+#[inline]
+pub(crate) fn charge_sample(size: usize) -> SampleCharge {
+    CACHE.with(|tc| {
+        if tc.hooks.load(Relaxed) & (HOOK_ALLOC | HOOK_SAMPLE) != HOOK_SAMPLE {
+            return SampleCharge::General;
+        }
+        let size = size as i64; // a small request: far below i64::MAX
+        let left = tc.sample_left.get();
+        if left > size {
+            tc.sample_left.set(left - size);
+            return SampleCharge::Skip;
+        }
+        let Some(interval) = records::global::sample_interval() else {
+            return SampleCharge::General;
+        };
+        let mut rng = tc.sample_rng.get();
+        if rng == 0 {
+            rng = records::global::sample_seed(ptr::from_ref(tc).addr());
+        }
+        let charge = if left == 0 {
+            // The thread's first sampled allocation: draw its first countdown, then charge.
+            let first = records::global::draw_countdown(&mut rng, interval);
+            if first > size {
+                tc.sample_left.set(first - size);
+                tc.sample_rng.set(rng);
+                return SampleCharge::Skip;
+            }
+            SampleCharge::Sampled(interval)
+        } else {
+            SampleCharge::Sampled(interval)
+        };
+        tc.sample_left
+            .set(records::global::draw_countdown(&mut rng, interval));
+        tc.sample_rng.set(rng);
+        charge
+    })
+}
+
+/// Tells every registered cache that the `SystemAllocator`'s record settings changed: each
+/// one's [`hooks`](ThreadCache::hooks) mirror is rewritten from the word. Called after the
+/// word changed; under the registry lock, so no cache registers in between.
+pub(crate) fn system_records_changed() {
+    let list = THREADS.lock();
+    let hooks = records::global::thread_hooks();
+    let mut tc = list.head;
+    while !tc.is_null() {
+        // SAFETY: registered caches are valid while the registry lock is held.
+        unsafe {
+            (*tc).hooks.store(hooks, Relaxed);
+            tc = (*tc).next.load(Relaxed);
+        }
+    }
 }
 
 /// Live small blocks per class and call totals over all threads. Exact when no thread is

@@ -99,6 +99,7 @@ fn read_slow() {
         apply(entry);
     }
     registry::SYSTEM.records().clear_pending_env();
+    registry::SYSTEM.records_changed();
     if wants_exit_hook {
         // SAFETY: `at_exit` is a plain `extern "C" fn()` that lives for the whole process.
         if unsafe { libc::atexit(at_exit) } != 0 {

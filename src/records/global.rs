@@ -5,7 +5,10 @@
 //! about how the heap works, and the plain operations do not check the word again.
 
 use super::{after_alloc, after_realloc, before_free, before_realloc};
+use super::mode::{KIND_BASIC, KIND_FULL, KIND_SAMPLE};
+use super::sample::{Rng, next_interval};
 use crate::registry::SYSTEM;
+use crate::thread_cache::{HOOK_ALLOC, HOOK_FREE, HOOK_SAMPLE};
 use crate::system::SystemAllocator;
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -37,6 +40,57 @@ pub(crate) fn alloc_fast(size: usize) -> bool {
 pub(crate) fn free_fast(ptr: *mut u8) -> bool {
     let word = SYSTEM.records().word();
     word & super::FREE_HOOK == 0 || super::skip_unsampled_free(word, ptr as usize)
+}
+
+/// The thread caches' mirror of the settings word (see `thread_cache::HOOK_ALLOC`): which
+/// of their fast paths must step aside for records.
+pub(crate) fn thread_hooks() -> u8 {
+    let word = SYSTEM.records().word();
+    let mut hooks = 0;
+    if word & super::PENDING_ENV != 0 || matches!(word & super::KIND_MASK, KIND_BASIC | KIND_FULL)
+    {
+        hooks |= HOOK_ALLOC;
+    } else if word & super::KIND_MASK == KIND_SAMPLE {
+        hooks |= HOOK_SAMPLE;
+    }
+    if word & super::FREE_HOOK != 0 {
+        hooks |= HOOK_FREE;
+    }
+    hooks
+}
+
+/// The mean sample interval in bytes, if the `SystemAllocator` only samples.
+#[inline]
+pub(crate) fn sample_interval() -> Option<u64> {
+    let word = SYSTEM.records().word();
+    (word & super::ALLOC_HOOK == KIND_SAMPLE).then_some(word >> 16)
+}
+
+/// A seed for a thread's sample countdowns, from the clock and something thread-specific.
+pub(crate) fn sample_seed(salt: usize) -> u64 {
+    let seed = super::clock::ticks() ^ (salt as u64).rotate_left(29);
+    if seed == 0 { 1 } else { seed }
+}
+
+/// A fresh countdown (bytes to the next sample) drawn with the generator state `rng`.
+pub(crate) fn draw_countdown(rng: &mut u64, interval: u64) -> i64 {
+    let mut g = Rng::new(*rng);
+    let d = next_interval(&mut g, interval);
+    *rng = g.state();
+    d
+}
+
+/// Allocates with `plain` and records the block as a sample drawn at mean `interval`
+/// (the thread cache's countdown chose it).
+#[inline(never)]
+pub(crate) fn alloc_sampled(layout: Layout, interval: u64, plain: fn(Layout) -> *mut u8) -> *mut u8 {
+    let p = plain(layout);
+    if let Some(ptr) = NonNull::new(p) {
+        // SAFETY: `ptr` was just allocated with `layout`.
+        let granted = unsafe { SystemAllocator::new().usable_size(ptr, layout) };
+        super::record_sampled(&SYSTEM, ptr, layout, granted, interval);
+    }
+    p
 }
 
 /// Allocates with `plain` and records the block.

@@ -272,6 +272,52 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
         }
         _ => return,
     };
+    insert(index, kind, frames, addr, layout, granted, weight, sampled);
+}
+
+/// Records a block the `SystemAllocator`'s thread cache sampled at mean `interval` (its
+/// countdown made the decision, so this only weighs and inserts).
+#[inline(never)]
+pub(crate) fn record_sampled(
+    reg: &'static Registration,
+    ptr: NonNull<u8>,
+    layout: Layout,
+    granted: usize,
+    interval: u64,
+) {
+    let word = reg.records().word();
+    if word & KIND_MASK != KIND_SAMPLE || guard::is_busy() {
+        return; // the mode changed meanwhile, or an allocation made while recording
+    }
+    let Some(index) = reg.index() else {
+        return;
+    };
+    let weight = sample::sample_weight(layout.size(), interval);
+    let frames = (word >> 8) as u8;
+    insert(
+        index,
+        KIND_SAMPLE,
+        frames,
+        ptr.as_ptr() as usize,
+        layout,
+        granted,
+        weight,
+        true,
+    );
+}
+
+/// Inserts one record (its stack captured if `frames > 0`).
+#[allow(clippy::too_many_arguments)]
+fn insert(
+    index: usize,
+    kind: u64,
+    frames: u8,
+    addr: usize,
+    layout: Layout,
+    granted: usize,
+    weight: f64,
+    sampled: bool,
+) {
     let stack = if frames > 0 { capture_stack(frames) } else { 0 };
     table::insert(
         Key {

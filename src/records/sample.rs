@@ -29,6 +29,11 @@ impl Rng {
         })
     }
 
+    /// The generator's state, to resume it later with [`Rng::new`].
+    pub(crate) fn state(&self) -> u64 {
+        self.0
+    }
+
     pub(crate) fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
