@@ -186,6 +186,11 @@ fn alloc_small_missed(size: usize, align: usize) -> *mut u8 {
     // SAFETY: the fast path had a valid layout with this size and alignment.
     let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
     if let Some(class) = small_fast_class(layout) {
+        // Where the thread pointer cannot reach the cache, this is the fast path.
+        let p = thread_cache::allocate_open(class);
+        if !p.is_null() {
+            return p;
+        }
         match thread_cache::charge_sample(layout.size()) {
             SampleCharge::Skip => return thread_cache::allocate(class),
             SampleCharge::Sampled(interval) => {
@@ -228,7 +233,16 @@ fn alloc_with_records(layout: Layout) -> *mut u8 {
 unsafe fn dealloc_small_missed(ptr: *mut u8, size: usize, align: usize) {
     // SAFETY: the fast path had a valid layout with this size and alignment; the rest is
     // forwarded from the caller.
-    unsafe { dealloc_slow(ptr, Layout::from_size_align_unchecked(size, align)) }
+    unsafe {
+        let layout = Layout::from_size_align_unchecked(size, align);
+        // Where the thread pointer cannot reach the cache, this is the fast path.
+        if let Some(class) = small_fast_class(layout) {
+            if thread_cache::free_open(ptr, class) {
+                return;
+            }
+        }
+        dealloc_slow(ptr, layout)
+    }
 }
 
 /// Free off the fast path: not a small block, or records on.

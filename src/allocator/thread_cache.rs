@@ -25,6 +25,7 @@
 //! walk the same registry, and retiring a cache moves its shards' counts into the shared
 //! counters.
 
+use super::thread_pointer;
 use crate::config;
 use crate::os::OsAllocator;
 use crate::records;
@@ -449,6 +450,8 @@ impl ThreadCache {
         // one made after it is propagated to this cache by `system_records_changed`.
         self.hooks.store(records::global::thread_hooks(), Relaxed);
         self.state.set(STATE_ACTIVE);
+        drop(list);
+        super::thread_pointer::learn(me.addr());
     }
 
     /// Flushes the cache, hands its counts to the orphan counters and leaves the registry.
@@ -522,34 +525,38 @@ pub(crate) unsafe fn free(ptr: *mut u8, class: usize) {
 }
 
 /// The small-allocation fast path of `SystemAllocator::alloc`: pops a block of `class`.
-/// Everything else — an empty bin, or [`hooks`](ThreadCache::hooks) saying records want a
-/// look first — goes to `miss(size, align)`, a single way out with the caller's own
-/// arguments in their own registers (so the fast path needs no stack frame and no moves).
+/// Everything else — an empty bin, [`hooks`](ThreadCache::hooks) saying records want a
+/// look first, or a cache only reachable through `thread_local!` — goes to
+/// `miss(size, align)`, a single way out with the caller's own arguments in their own
+/// registers (so the fast path needs no stack frame and no moves).
 #[inline(always)]
 pub(crate) fn allocate_gated(
     class: usize,
     layout: Layout,
     miss: fn(usize, usize) -> *mut u8,
 ) -> *mut u8 {
-    CACHE.with(|tc| {
-        // SAFETY: the cache is this thread's own; `class` comes from the class table.
-        unsafe {
-            let bin = tc.bin(class);
-            let slot = bin.head;
-            if tc.hooks.load(Relaxed) & (HOOK_ALLOC | HOOK_SAMPLE) != 0 || slot.is_null() {
-                return miss(layout.size(), layout.align());
-            }
-            bin.head = (*slot).next;
-            bin.count -= 1;
-            tc.owner_alloc(class);
-            mark_allocated(slot.cast());
-            slot.cast()
+    if let Some(addr) = thread_pointer::cache_address() {
+        // SAFETY: `addr` is this thread's cache (see `thread_pointer`), which lives as long
+        // as the thread; `class` comes from the class table.
+        let p = unsafe { (*(addr as *const ThreadCache)).allocate_open(class) };
+        if !p.is_null() {
+            return p;
         }
-    })
+    }
+    miss(layout.size(), layout.align())
+}
+
+/// [`allocate_gated`] through `thread_local!`: a block of `class`, or null when the bin is
+/// empty or records want a look.
+#[inline(always)]
+pub(crate) fn allocate_open(class: usize) -> *mut u8 {
+    // SAFETY: the cache is this thread's own; `class` comes from the class table.
+    CACHE.with(|tc| unsafe { tc.allocate_open(class) })
 }
 
 /// The small-free fast path of `SystemAllocator::dealloc`: pushes the block onto its bin.
-/// A full bin, or records that may hold the block, send it to `miss(ptr, size, align)`.
+/// A full bin, records that may hold the block, or a cache only reachable through
+/// `thread_local!`, send it to `miss(ptr, size, align)`.
 ///
 /// # Safety
 /// `ptr` must be a live small block of `class` allocated with `layout`; `miss` must be
@@ -561,21 +568,72 @@ pub(crate) unsafe fn free_gated(
     layout: Layout,
     miss: unsafe fn(*mut u8, usize, usize),
 ) {
-    CACHE.with(|tc| {
-        // SAFETY: forwarded from the caller; the cache is this thread's own.
+    // SAFETY: `addr` is this thread's cache (see `thread_pointer`); the rest is forwarded
+    // from the caller.
+    unsafe {
+        if let Some(addr) = thread_pointer::cache_address() {
+            if (*(addr as *const ThreadCache)).free_open(ptr, class) {
+                return;
+            }
+        }
+        miss(ptr, layout.size(), layout.align())
+    }
+}
+
+/// [`free_gated`] through `thread_local!`: whether the block went onto its bin (`false`:
+/// the bin is full or records want a look, and the block is untouched).
+///
+/// # Safety
+/// `ptr` must be a live small block of `class`.
+#[inline(always)]
+pub(crate) unsafe fn free_open(ptr: *mut u8, class: usize) -> bool {
+    // SAFETY: forwarded from the caller; the cache is this thread's own.
+    CACHE.with(|tc| unsafe { tc.free_open(ptr, class) })
+}
+
+impl ThreadCache {
+    /// Pops a block of `class` if the bin has one and records need no look; null otherwise.
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    #[inline(always)]
+    unsafe fn allocate_open(&self, class: usize) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
         unsafe {
-            let bin = tc.bin(class);
-            if tc.hooks.load(Relaxed) & HOOK_FREE != 0 || bin.count >= bin.limit {
-                return miss(ptr, layout.size(), layout.align());
+            let bin = self.bin(class);
+            let slot = bin.head;
+            if self.hooks.load(Relaxed) & (HOOK_ALLOC | HOOK_SAMPLE) != 0 || slot.is_null() {
+                return null_mut();
+            }
+            bin.head = (*slot).next;
+            bin.count -= 1;
+            self.owner_alloc(class);
+            mark_allocated(slot.cast());
+            slot.cast()
+        }
+    }
+
+    /// Pushes a block of `class` if the bin has room and records need no look.
+    ///
+    /// # Safety
+    /// Owning thread; `ptr` is a live small block of `class`.
+    #[inline(always)]
+    unsafe fn free_open(&self, ptr: *mut u8, class: usize) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let bin = self.bin(class);
+            if self.hooks.load(Relaxed) & HOOK_FREE != 0 || bin.count >= bin.limit {
+                return false;
             }
             check_free(ptr, class);
             let slot: *mut FreeSlot = ptr.cast();
             (*slot).next = bin.head;
             bin.head = slot;
             bin.count += 1;
-            tc.owner_free(class);
+            self.owner_free(class);
+            true
         }
-    })
+    }
 }
 
 /// What sampling says about a small allocation that missed the fast path.

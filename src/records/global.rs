@@ -4,12 +4,12 @@
 //! Each takes the plain operation as a function pointer, so these paths need to know nothing
 //! about how the heap works, and the plain operations do not check the word again.
 
-use super::{after_alloc, after_realloc, before_free, before_realloc};
 use super::mode::{KIND_BASIC, KIND_FULL, KIND_SAMPLE};
 use super::sample::{Rng, next_interval};
+use super::{after_alloc, after_realloc, before_free, before_realloc};
 use crate::registry::SYSTEM;
-use crate::thread_cache::{HOOK_ALLOC, HOOK_FREE, HOOK_SAMPLE};
 use crate::system::SystemAllocator;
+use crate::thread_cache::{HOOK_ALLOC, HOOK_FREE, HOOK_SAMPLE};
 use core::alloc::Layout;
 use core::ptr::NonNull;
 
@@ -47,8 +47,7 @@ pub(crate) fn free_fast(ptr: *mut u8) -> bool {
 pub(crate) fn thread_hooks() -> u8 {
     let word = SYSTEM.records().word();
     let mut hooks = 0;
-    if word & super::PENDING_ENV != 0 || matches!(word & super::KIND_MASK, KIND_BASIC | KIND_FULL)
-    {
+    if word & super::PENDING_ENV != 0 || matches!(word & super::KIND_MASK, KIND_BASIC | KIND_FULL) {
         hooks |= HOOK_ALLOC;
     } else if word & super::KIND_MASK == KIND_SAMPLE {
         hooks |= HOOK_SAMPLE;
@@ -83,7 +82,11 @@ pub(crate) fn draw_countdown(rng: &mut u64, interval: u64) -> i64 {
 /// Allocates with `plain` and records the block as a sample drawn at mean `interval`
 /// (the thread cache's countdown chose it).
 #[inline(never)]
-pub(crate) fn alloc_sampled(layout: Layout, interval: u64, plain: fn(Layout) -> *mut u8) -> *mut u8 {
+pub(crate) fn alloc_sampled(
+    layout: Layout,
+    interval: u64,
+    plain: fn(Layout) -> *mut u8,
+) -> *mut u8 {
     let p = plain(layout);
     if let Some(ptr) = NonNull::new(p) {
         // SAFETY: `ptr` was just allocated with `layout`.

@@ -1,0 +1,143 @@
+//! Reaching the calling thread's cache from the thread pointer, without a TLS helper call.
+//!
+//! Rust compiles a `thread_local!` access in position-independent code (every rlib, and
+//! every executable built as PIE) for the general-dynamic TLS model: a call to
+//! `__tls_get_addr`. The linker rewrites that call into two plain instructions when the
+//! variable ends up in the executable, but the compiler has already planned for a call,
+//! which clobbers every caller-saved register: the allocator's fast paths then save and
+//! restore four registers per call (about a dozen instructions per alloc+free pair).
+//!
+//! When tagalloc is linked into the main executable, its TLS block sits at a fixed offset
+//! from the thread pointer in every thread (the ELF TLS ABI's "static TLS", on which the
+//! local-exec model relies). The offset of the thread cache is learnt when the first cache
+//! registers, and the fast paths then compute the cache's address as `%fs:0 + offset`: one
+//! load, no call. Anywhere else (a shared library, whose TLS may be allocated per thread
+//! on demand; another architecture; Miri) the offset stays unknown and the fast paths take
+//! the ordinary `thread_local!` access instead.
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+mod imp {
+    use crate::fatal::fatal;
+    use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
+
+    /// The thread cache's address minus the thread pointer, the same in every thread; 0
+    /// while unknown (a static TLS block lies below the thread pointer, never at it).
+    static CACHE_OFFSET: AtomicUsize = AtomicUsize::new(0);
+
+    const UNKNOWN: u8 = 0;
+    const MAIN: u8 = 1;
+    const ELSEWHERE: u8 = 2;
+    static LINKED: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+    /// The thread pointer: on x86-64 Linux (glibc and musl) the word at `%fs:0` holds it.
+    #[inline(always)]
+    fn thread_pointer() -> usize {
+        let tp: usize;
+        // SAFETY: reading `%fs:0` is valid in every thread of a Linux x86-64 process (the
+        // thread control block's self pointer); it has no other effect.
+        unsafe {
+            core::arch::asm!(
+                "mov {}, qword ptr fs:[0]",
+                out(reg) tp,
+                options(nostack, preserves_flags, readonly, pure)
+            );
+        }
+        tp
+    }
+
+    /// The calling thread's cache address, once the offset is known.
+    #[inline(always)]
+    pub(crate) fn cache_address() -> Option<usize> {
+        let offset = CACHE_OFFSET.load(Relaxed);
+        (offset != 0).then(|| thread_pointer().wrapping_add(offset))
+    }
+
+    /// Called by each thread's cache as it registers, with its own address: learns the
+    /// offset the first time (if tagalloc is in the main executable) and checks it after.
+    pub(crate) fn learn(cache: usize) {
+        let offset = cache.wrapping_sub(thread_pointer());
+        match CACHE_OFFSET.load(Relaxed) {
+            0 => {
+                if offset != 0 && linked_into_main_executable() {
+                    CACHE_OFFSET.store(offset, Relaxed);
+                }
+            }
+            known if known != offset => fatal!(
+                "tagalloc: this thread's cache is not at the static TLS offset the others use \
+                 ({offset:#x} vs {known:#x}); the thread-pointer fast path cannot be used"
+            ),
+            _ => {}
+        }
+    }
+
+    /// Whether this code is part of the main executable (rather than a shared library):
+    /// the auxiliary vector's program headers of the main program are searched for the
+    /// loaded segment that holds this very function. Reads memory only, allocates nothing.
+    fn linked_into_main_executable() -> bool {
+        match LINKED.load(Relaxed) {
+            MAIN => return true,
+            ELSEWHERE => return false,
+            _ => {}
+        }
+        let found = search_main_program(linked_into_main_executable as *const () as usize);
+        LINKED.store(if found { MAIN } else { ELSEWHERE }, Relaxed);
+        found
+    }
+
+    pub(super) fn search_main_program(address: usize) -> bool {
+        // SAFETY: `getauxval` only reads the auxiliary vector.
+        let (phdr, count) = unsafe {
+            (
+                libc::getauxval(libc::AT_PHDR) as usize,
+                libc::getauxval(libc::AT_PHNUM) as usize,
+            )
+        };
+        if phdr == 0 || count == 0 {
+            return false;
+        }
+        // SAFETY: the kernel's AT_PHDR/AT_PHNUM describe the main program's program header
+        // table, mapped for the life of the process.
+        let headers =
+            unsafe { core::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, count) };
+        // The load bias: where the table is minus where the program said it would be.
+        let Some(bias) = headers
+            .iter()
+            .find(|h| h.p_type == libc::PT_PHDR)
+            .map(|h| phdr.wrapping_sub(h.p_vaddr as usize))
+        else {
+            return false;
+        };
+        headers.iter().any(|h| {
+            let start = bias.wrapping_add(h.p_vaddr as usize);
+            h.p_type == libc::PT_LOAD && address >= start && address - start < h.p_memsz as usize
+        })
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", not(miri))))]
+mod imp {
+    /// Unknown on this platform: the fast paths use the `thread_local!` access.
+    #[inline(always)]
+    pub(crate) fn cache_address() -> Option<usize> {
+        None
+    }
+
+    /// Nothing to learn on this platform.
+    pub(crate) fn learn(_cache: usize) {}
+}
+
+pub(crate) use imp::{cache_address, learn};
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(miri)))]
+mod tests {
+    #[test]
+    fn a_test_binary_is_the_main_executable() {
+        assert!(super::imp::search_main_program(
+            super::imp::search_main_program as *const () as usize
+        ));
+        // A libc function lives in a shared library, not in the main program.
+        assert!(!super::imp::search_main_program(
+            libc::getauxval as *const () as usize
+        ));
+    }
+}
