@@ -3,6 +3,7 @@
 //! is recorded. The weighted samples must estimate the true totals, on every thread, and
 //! their frees must take the records out. A mode change must reach threads that are
 //! already running.
+#![allow(clippy::vec_box)] // one allocation per block is the point
 
 use std::sync::{Mutex, mpsc};
 use std::thread;

@@ -7,7 +7,7 @@
 use crate::records;
 use crate::schema::HphaStats;
 use crate::schema::hpha::size_class::{CLASS_BY_UNITS, MAX_SMALL, class_for};
-use crate::thread_cache::{self, HEAP, SampleCharge};
+use crate::thread_cache::{self, CacheRef, HEAP, SampleCharge};
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
@@ -178,20 +178,34 @@ unsafe impl GlobalAlloc for SystemAllocator {
 }
 
 /// A small allocation the thread cache's fast path did not serve: its bin was empty, or
-/// records want a look. Sampling charges the thread's countdown (only the allocation that
-/// exhausts it is recorded); anything else takes the general path. Size and alignment come
-/// separately, in the order `GlobalAlloc`'s callers pass them.
+/// records want a look. With records that only sample, the thread's countdown is charged
+/// here and the block still comes from the cache. The fast path hands over its size class
+/// and cache (null: not reachable through the thread pointer). No calls but tail calls,
+/// so no stack frame.
 #[inline(never)]
-fn alloc_small_missed(size: usize, align: usize) -> *mut u8 {
-    // SAFETY: the fast path had a valid layout with this size and alignment.
-    let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
-    if let Some(class) = small_fast_class(layout) {
-        // Where the thread pointer cannot reach the cache, this is the fast path.
-        let p = thread_cache::allocate_open(class);
+fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
+    if !tc.is_null() {
+        // SAFETY: the fast path passes this thread's cache and the request's class.
+        let p = unsafe { thread_cache::allocate_sampling(tc, class, size) };
         if !p.is_null() {
             return p;
         }
-        match thread_cache::charge_sample(layout.size()) {
+    }
+    alloc_small_general(size, align)
+}
+
+/// [`alloc_small_missed`] through `thread_local!` (where the thread pointer cannot reach
+/// the cache, this is the fast path), then sampling's decision, then the general path.
+#[inline(never)]
+fn alloc_small_general(size: usize, align: usize) -> *mut u8 {
+    // SAFETY: the fast path had a valid layout with this size and alignment.
+    let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
+    if let Some(class) = small_fast_class(layout) {
+        let p = thread_cache::allocate_sampling_tls(class, size);
+        if !p.is_null() {
+            return p;
+        }
+        match thread_cache::charge_sample(size) {
             SampleCharge::Skip => return thread_cache::allocate(class),
             SampleCharge::Sampled(interval) => {
                 return records::global::alloc_sampled(layout, interval, alloc_plain);
@@ -225,19 +239,43 @@ fn alloc_with_records(layout: Layout) -> *mut u8 {
 }
 
 /// A small free the thread cache's fast path did not take: its bin was full, or records
-/// may hold the block.
+/// may hold the block. With records that only sample, the sample filter is asked here and
+/// the block still goes to the cache. No calls but tail calls, so no stack frame.
+///
+/// # Safety
+/// As for [`dealloc_plain`], with the layout given as size and alignment; `class` and
+/// `tc` as the fast path found them.
+#[inline(never)]
+unsafe fn dealloc_small_missed(
+    ptr: *mut u8,
+    size: usize,
+    align: usize,
+    class: usize,
+    tc: CacheRef,
+) {
+    // SAFETY: the fast path passes this thread's cache (or null) and the block's class;
+    // the rest is forwarded from the caller.
+    unsafe {
+        if !tc.is_null() && thread_cache::free_filtered(tc, ptr, class) {
+            return;
+        }
+        dealloc_small_general(ptr, size, align)
+    }
+}
+
+/// [`dealloc_small_missed`] through `thread_local!` (where the thread pointer cannot reach
+/// the cache, this is the fast path), then the general path.
 ///
 /// # Safety
 /// As for [`dealloc_plain`], with the layout given as size and alignment.
 #[inline(never)]
-unsafe fn dealloc_small_missed(ptr: *mut u8, size: usize, align: usize) {
+unsafe fn dealloc_small_general(ptr: *mut u8, size: usize, align: usize) {
     // SAFETY: the fast path had a valid layout with this size and alignment; the rest is
     // forwarded from the caller.
     unsafe {
         let layout = Layout::from_size_align_unchecked(size, align);
-        // Where the thread pointer cannot reach the cache, this is the fast path.
         if let Some(class) = small_fast_class(layout) {
-            if thread_cache::free_open(ptr, class) {
+            if thread_cache::free_filtered_tls(ptr, class) {
                 return;
             }
         }

@@ -75,8 +75,11 @@ pub(crate) const HOOK_ALLOC: u8 = 1;
 /// Allocations are sampled: the fast path charges the thread's countdown and leaves it only
 /// for the allocation that takes the countdown to zero.
 pub(crate) const HOOK_SAMPLE: u8 = 2;
-/// Frees take the general path (records may be in the table).
+/// Frees take the general path (records of any block may be in the table).
 pub(crate) const HOOK_FREE: u8 = 4;
+/// Only sampled records may be in the table: the fast path frees every block the sample
+/// filter rules out, and sends the rest down the general path.
+pub(crate) const HOOK_FREE_SAMPLED: u8 = 8;
 /// A cache that is new or dead sends everything down the general path, which checks the
 /// settings word itself and registers the cache.
 const HOOKS_UNREGISTERED: u8 = HOOK_ALLOC | HOOK_FREE;
@@ -524,39 +527,62 @@ pub(crate) unsafe fn free(ptr: *mut u8, class: usize) {
     CACHE.with(|tc| unsafe { tc.free(ptr, class) })
 }
 
+/// The calling thread's cache as a fast path found it through the thread pointer; null
+/// where the thread pointer cannot reach it (then only `thread_local!` can).
+pub(crate) type CacheRef = *const ThreadCache;
+
 /// The small-allocation fast path of `SystemAllocator::alloc`: pops a block of `class`.
 /// Everything else — an empty bin, [`hooks`](ThreadCache::hooks) saying records want a
 /// look first, or a cache only reachable through `thread_local!` — goes to
-/// `miss(size, align)`, a single way out with the caller's own arguments in their own
-/// registers (so the fast path needs no stack frame and no moves).
+/// `miss(size, align, class, cache)`, a single way out that keeps the caller's own
+/// arguments in their own registers (so the fast path needs no stack frame and no moves)
+/// and hands on what the fast path already worked out.
 #[inline(always)]
 pub(crate) fn allocate_gated(
     class: usize,
     layout: Layout,
-    miss: fn(usize, usize) -> *mut u8,
+    miss: fn(usize, usize, usize, CacheRef) -> *mut u8,
 ) -> *mut u8 {
-    if let Some(addr) = thread_pointer::cache_address() {
-        // SAFETY: `addr` is this thread's cache (see `thread_pointer`), which lives as long
-        // as the thread; `class` comes from the class table.
-        let p = unsafe { (*(addr as *const ThreadCache)).allocate_open(class) };
-        if !p.is_null() {
-            return p;
+    let tc: CacheRef = match thread_pointer::cache_address() {
+        Some(addr) => {
+            let tc = addr as CacheRef;
+            // SAFETY: `tc` is this thread's cache (see `thread_pointer`), which lives as
+            // long as the thread; `class` comes from the class table.
+            let p = unsafe { (*tc).allocate_open(class) };
+            if !p.is_null() {
+                return p;
+            }
+            tc
         }
-    }
-    miss(layout.size(), layout.align())
+        None => ptr::null(),
+    };
+    miss(layout.size(), layout.align(), class, tc)
 }
 
-/// [`allocate_gated`] through `thread_local!`: a block of `class`, or null when the bin is
-/// empty or records want a look.
+/// Where [`allocate_gated`] missed with a cache in hand: a block of `class` for a request
+/// of `size` bytes if the bin has one and records need no look, or only sample and the
+/// countdown (charged here) does not run out; null otherwise, with nothing charged.
+///
+/// # Safety
+/// `tc` is the calling thread's cache as [`allocate_gated`] passed it (not null);
+/// `class < CLASS_COUNT`.
 #[inline(always)]
-pub(crate) fn allocate_open(class: usize) -> *mut u8 {
+pub(crate) unsafe fn allocate_sampling(tc: CacheRef, class: usize, size: usize) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    unsafe { (*tc).allocate_sampling(class, size) }
+}
+
+/// [`allocate_sampling`] through `thread_local!` (slower to call: planned as a helper call).
+#[inline(always)]
+pub(crate) fn allocate_sampling_tls(class: usize, size: usize) -> *mut u8 {
     // SAFETY: the cache is this thread's own; `class` comes from the class table.
-    CACHE.with(|tc| unsafe { tc.allocate_open(class) })
+    CACHE.with(|tc| unsafe { tc.allocate_sampling(class, size) })
 }
 
 /// The small-free fast path of `SystemAllocator::dealloc`: pushes the block onto its bin.
 /// A full bin, records that may hold the block, or a cache only reachable through
-/// `thread_local!`, send it to `miss(ptr, size, align)`.
+/// `thread_local!`, send it to `miss(ptr, size, align, class, cache)` (see
+/// [`allocate_gated`]).
 ///
 /// # Safety
 /// `ptr` must be a live small block of `class` allocated with `layout`; `miss` must be
@@ -566,29 +592,46 @@ pub(crate) unsafe fn free_gated(
     ptr: *mut u8,
     class: usize,
     layout: Layout,
-    miss: unsafe fn(*mut u8, usize, usize),
+    miss: unsafe fn(*mut u8, usize, usize, usize, CacheRef),
 ) {
-    // SAFETY: `addr` is this thread's cache (see `thread_pointer`); the rest is forwarded
+    // SAFETY: `tc` is this thread's cache (see `thread_pointer`); the rest is forwarded
     // from the caller.
     unsafe {
-        if let Some(addr) = thread_pointer::cache_address() {
-            if (*(addr as *const ThreadCache)).free_open(ptr, class) {
-                return;
+        let tc: CacheRef = match thread_pointer::cache_address() {
+            Some(addr) => {
+                let tc = addr as CacheRef;
+                if (*tc).free_open(ptr, class) {
+                    return;
+                }
+                tc
             }
-        }
-        miss(ptr, layout.size(), layout.align())
+            None => ptr::null(),
+        };
+        miss(ptr, layout.size(), layout.align(), class, tc)
     }
 }
 
-/// [`free_gated`] through `thread_local!`: whether the block went onto its bin (`false`:
-/// the bin is full or records want a look, and the block is untouched).
+/// Where [`free_gated`] missed with a cache in hand: whether the block went onto its bin
+/// (`false`: the bin is full or records may hold the block; the block is untouched then).
+/// Frees that only the sample filter held up go onto the bin once it rules the block out.
 ///
 /// # Safety
-/// `ptr` must be a live small block of `class`.
+/// `tc` is the calling thread's cache as [`free_gated`] passed it (not null); `ptr` is a
+/// live small block of `class`.
 #[inline(always)]
-pub(crate) unsafe fn free_open(ptr: *mut u8, class: usize) -> bool {
+pub(crate) unsafe fn free_filtered(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe { (*tc).free_filtered(ptr, class) }
+}
+
+/// [`free_filtered`] through `thread_local!`.
+///
+/// # Safety
+/// `ptr` is a live small block of `class`.
+#[inline(always)]
+pub(crate) unsafe fn free_filtered_tls(ptr: *mut u8, class: usize) -> bool {
     // SAFETY: forwarded from the caller; the cache is this thread's own.
-    CACHE.with(|tc| unsafe { tc.free_open(ptr, class) })
+    CACHE.with(|tc| unsafe { tc.free_filtered(ptr, class) })
 }
 
 impl ThreadCache {
@@ -605,12 +648,57 @@ impl ThreadCache {
             if self.hooks.load(Relaxed) & (HOOK_ALLOC | HOOK_SAMPLE) != 0 || slot.is_null() {
                 return null_mut();
             }
+            self.pop(bin, slot, class)
+        }
+    }
+
+    /// [`allocate_open`](Self::allocate_open), also when records only sample and this
+    /// request of `size` bytes leaves the countdown above zero (it is charged then).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    #[inline(always)]
+    unsafe fn allocate_sampling(&self, class: usize, size: usize) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let bin = self.bin(class);
+            let slot = bin.head;
+            if slot.is_null() {
+                return null_mut();
+            }
+            let hooks = self.hooks.load(Relaxed) & (HOOK_ALLOC | HOOK_SAMPLE);
+            if hooks != 0 && (hooks != HOOK_SAMPLE || !self.skip_sample(size)) {
+                return null_mut();
+            }
+            self.pop(bin, slot, class)
+        }
+    }
+
+    /// Takes `slot`, the head of `bin`, for the program.
+    ///
+    /// # Safety
+    /// `bin` is this cache's bin of `class` and `slot` its non-null head.
+    #[inline(always)]
+    unsafe fn pop(&self, bin: &mut Bin, slot: *mut FreeSlot, class: usize) -> *mut u8 {
+        // SAFETY: forwarded from the caller: `slot` is a free block linked in the bin.
+        unsafe {
             bin.head = (*slot).next;
             bin.count -= 1;
             self.owner_alloc(class);
             mark_allocated(slot.cast());
-            slot.cast()
         }
+        slot.cast()
+    }
+
+    /// Charges `size` bytes to the sample countdown if that leaves it above zero.
+    #[inline(always)]
+    fn skip_sample(&self, size: usize) -> bool {
+        let left = self.sample_left.get() - size as i64; // small: far below i64::MAX
+        if left > 0 {
+            self.sample_left.set(left);
+            return true;
+        }
+        false
     }
 
     /// Pushes a block of `class` if the bin has room and records need no look.
@@ -622,16 +710,52 @@ impl ThreadCache {
         // SAFETY: forwarded from the caller.
         unsafe {
             let bin = self.bin(class);
-            if self.hooks.load(Relaxed) & HOOK_FREE != 0 || bin.count >= bin.limit {
+            if self.hooks.load(Relaxed) & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0
+                || bin.count >= bin.limit
+            {
                 return false;
             }
+            self.push(bin, ptr, class);
+            true
+        }
+    }
+
+    /// [`free_open`](Self::free_open), also when records only sample and the sample filter
+    /// rules the block out.
+    ///
+    /// # Safety
+    /// Owning thread; `ptr` is a live small block of `class`.
+    #[inline(always)]
+    unsafe fn free_filtered(&self, ptr: *mut u8, class: usize) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let bin = self.bin(class);
+            let hooks = self.hooks.load(Relaxed) & (HOOK_FREE | HOOK_FREE_SAMPLED);
+            if hooks != 0 && (hooks != HOOK_FREE_SAMPLED || records::global::maybe_sampled(ptr))
+                || bin.count >= bin.limit
+            {
+                return false;
+            }
+            self.push(bin, ptr, class);
+            true
+        }
+    }
+
+    /// Puts the block at `ptr` at the head of `bin`.
+    ///
+    /// # Safety
+    /// `bin` is this cache's bin of `class`, with room; `ptr` is a live small block of
+    /// `class`, which becomes free.
+    #[inline(always)]
+    unsafe fn push(&self, bin: &mut Bin, ptr: *mut u8, class: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
             check_free(ptr, class);
             let slot: *mut FreeSlot = ptr.cast();
             (*slot).next = bin.head;
             bin.head = slot;
             bin.count += 1;
             self.owner_free(class);
-            true
         }
     }
 }

@@ -57,11 +57,10 @@ mod imp {
     pub(crate) fn learn(cache: usize) {
         let offset = cache.wrapping_sub(thread_pointer());
         match CACHE_OFFSET.load(Relaxed) {
-            0 => {
-                if offset != 0 && linked_into_main_executable() {
-                    CACHE_OFFSET.store(offset, Relaxed);
-                }
+            0 if offset != 0 && linked_into_main_executable() => {
+                CACHE_OFFSET.store(offset, Relaxed);
             }
+            0 => {}
             known if known != offset => fatal!(
                 "tagalloc: this thread's cache is not at the static TLS offset the others use \
                  ({offset:#x} vs {known:#x}); the thread-pointer fast path cannot be used"

@@ -9,7 +9,7 @@ use super::sample::{Rng, next_interval};
 use super::{after_alloc, after_realloc, before_free, before_realloc};
 use crate::registry::SYSTEM;
 use crate::system::SystemAllocator;
-use crate::thread_cache::{HOOK_ALLOC, HOOK_FREE, HOOK_SAMPLE};
+use crate::thread_cache::{HOOK_ALLOC, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_SAMPLE};
 use core::alloc::Layout;
 use core::ptr::NonNull;
 
@@ -52,10 +52,18 @@ pub(crate) fn thread_hooks() -> u8 {
     } else if word & super::KIND_MASK == KIND_SAMPLE {
         hooks |= HOOK_SAMPLE;
     }
-    if word & super::FREE_HOOK != 0 {
+    if word & (super::TRACK_ALL | super::PENDING_ENV) != 0 {
         hooks |= HOOK_FREE;
+    } else if word & super::TRACK_SAMPLED != 0 {
+        hooks |= HOOK_FREE_SAMPLED;
     }
     hooks
+}
+
+/// Whether a sampled record may exist for the block at `ptr` (false: certainly not).
+#[inline(always)]
+pub(crate) fn maybe_sampled(ptr: *mut u8) -> bool {
+    super::table::maybe_sampled(ptr as usize)
 }
 
 /// The mean sample interval in bytes, if the `SystemAllocator` only samples.
