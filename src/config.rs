@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `TAGALLOC_PURGE_DELAY_MS` | milliseconds free memory stays mapped before it goes back to the OS; `0` = at once, `never` = only on `garbage_collect` | 1000 |
 //! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for small-block segments: `never`, `auto` (once the heap passes 8 MiB), `always` | `never` |
+//! | `TAGALLOC_THREAD_POINTER` | `off` reaches the thread caches only through `thread_local!` (a little slower), as in a shared library; an escape hatch for unusual loaders | `auto` |
 //! | `TAGALLOC_RECORDS` | allocation records per allocator, e.g. `Script Canvas=full,SystemAllocator=sample:512KiB` (syntax in [`records::config`](crate::records::config)) | all off |
 //! | `TAGALLOC_REPORT` | a path: the allocator table and the leak report are written there at exit | none |
 
@@ -118,9 +119,47 @@ pub(crate) fn huge_pages_from_env() -> HugePages {
     }
 }
 
+/// Parses `TAGALLOC_THREAD_POINTER`: whether the fast paths may reach the thread cache
+/// from the thread pointer (`auto`, the default) or only through `thread_local!` (`off`).
+pub fn parse_thread_pointer(text: &[u8]) -> Result<bool, &'static str> {
+    let text = text.trim_ascii();
+    let is = |words: &[&str]| {
+        words
+            .iter()
+            .any(|w| text.eq_ignore_ascii_case(w.as_bytes()))
+    };
+    if is(&["auto", "on", "1", "yes"]) {
+        Ok(true)
+    } else if is(&["off", "0", "no", "never"]) {
+        Ok(false)
+    } else {
+        Err("expected `auto` or `off`")
+    }
+}
+
+/// Whether the environment allows the thread-pointer fast path; warns about bad values.
+pub(crate) fn thread_pointer_from_env() -> bool {
+    match env_bytes(c"TAGALLOC_THREAD_POINTER") {
+        None => true,
+        Some(value) => parse_thread_pointer(value).unwrap_or_else(|why| {
+            warn_bad_value("TAGALLOC_THREAD_POINTER", value, why);
+            true
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_pointer_settings_parse_or_explain() {
+        assert_eq!(parse_thread_pointer(b"auto"), Ok(true));
+        assert_eq!(parse_thread_pointer(b" OFF "), Ok(false));
+        assert_eq!(parse_thread_pointer(b"0"), Ok(false));
+        assert!(parse_thread_pointer(b"").is_err());
+        assert!(parse_thread_pointer(b"fast").is_err());
+    }
 
     #[test]
     fn purge_delays_parse_or_explain() {

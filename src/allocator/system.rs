@@ -184,27 +184,35 @@ unsafe impl GlobalAlloc for SystemAllocator {
 /// so no stack frame.
 #[inline(never)]
 fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
-    if !tc.is_null() {
-        // SAFETY: the fast path passes this thread's cache and the request's class.
-        let p = unsafe { thread_cache::allocate_sampling(tc, class, size) };
-        if !p.is_null() {
-            return p;
-        }
+    if tc.is_null() {
+        return alloc_small_tls(size, align, class);
+    }
+    // SAFETY: the fast path passes this thread's cache and the request's class.
+    let p = unsafe { thread_cache::allocate_sampling(tc, class, size) };
+    if !p.is_null() {
+        return p;
     }
     alloc_small_general(size, align)
 }
 
-/// [`alloc_small_missed`] through `thread_local!` (where the thread pointer cannot reach
-/// the cache, this is the fast path), then sampling's decision, then the general path.
+/// The fast path where the thread pointer cannot reach the cache: the same, through
+/// `thread_local!`.
+#[inline(never)]
+fn alloc_small_tls(size: usize, align: usize, class: usize) -> *mut u8 {
+    let p = thread_cache::allocate_sampling_tls(class, size);
+    if !p.is_null() {
+        return p;
+    }
+    alloc_small_general(size, align)
+}
+
+/// A small allocation neither fast path served: sampling's decision (the countdown ran
+/// out), a refill, or the general path (records of every allocation, a new thread).
 #[inline(never)]
 fn alloc_small_general(size: usize, align: usize) -> *mut u8 {
     // SAFETY: the fast path had a valid layout with this size and alignment.
     let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
     if let Some(class) = small_fast_class(layout) {
-        let p = thread_cache::allocate_sampling_tls(class, size);
-        if !p.is_null() {
-            return p;
-        }
         match thread_cache::charge_sample(size) {
             SampleCharge::Skip => return thread_cache::allocate(class),
             SampleCharge::Sampled(interval) => {
@@ -256,30 +264,29 @@ unsafe fn dealloc_small_missed(
     // SAFETY: the fast path passes this thread's cache (or null) and the block's class;
     // the rest is forwarded from the caller.
     unsafe {
-        if !tc.is_null() && thread_cache::free_filtered(tc, ptr, class) {
+        if tc.is_null() {
+            return dealloc_small_tls(ptr, size, align, class);
+        }
+        if thread_cache::free_filtered(tc, ptr, class) {
             return;
         }
-        dealloc_small_general(ptr, size, align)
+        dealloc_slow(ptr, Layout::from_size_align_unchecked(size, align))
     }
 }
 
-/// [`dealloc_small_missed`] through `thread_local!` (where the thread pointer cannot reach
-/// the cache, this is the fast path), then the general path.
+/// The fast path where the thread pointer cannot reach the cache: the same, through
+/// `thread_local!`.
 ///
 /// # Safety
-/// As for [`dealloc_plain`], with the layout given as size and alignment.
+/// As for [`dealloc_small_missed`].
 #[inline(never)]
-unsafe fn dealloc_small_general(ptr: *mut u8, size: usize, align: usize) {
-    // SAFETY: the fast path had a valid layout with this size and alignment; the rest is
-    // forwarded from the caller.
+unsafe fn dealloc_small_tls(ptr: *mut u8, size: usize, align: usize, class: usize) {
+    // SAFETY: as in `dealloc_small_missed`.
     unsafe {
-        let layout = Layout::from_size_align_unchecked(size, align);
-        if let Some(class) = small_fast_class(layout) {
-            if thread_cache::free_filtered_tls(ptr, class) {
-                return;
-            }
+        if thread_cache::free_filtered_tls(ptr, class) {
+            return;
         }
-        dealloc_slow(ptr, layout)
+        dealloc_slow(ptr, Layout::from_size_align_unchecked(size, align))
     }
 }
 

@@ -12,8 +12,8 @@
 //! local-exec model relies). The offset of the thread cache is learnt when the first cache
 //! registers, and the fast paths then compute the cache's address as `%fs:0 + offset`: one
 //! load, no call. Anywhere else (a shared library, whose TLS may be allocated per thread
-//! on demand; another architecture; Miri) the offset stays unknown and the fast paths take
-//! the ordinary `thread_local!` access instead.
+//! on demand; another architecture; Miri; `TAGALLOC_THREAD_POINTER=off`) the offset stays
+//! unknown and the fast paths take the ordinary `thread_local!` access instead.
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
 mod imp {
@@ -72,13 +72,15 @@ mod imp {
     /// Whether this code is part of the main executable (rather than a shared library):
     /// the auxiliary vector's program headers of the main program are searched for the
     /// loaded segment that holds this very function. Reads memory only, allocates nothing.
+    /// `TAGALLOC_THREAD_POINTER=off` answers no.
     fn linked_into_main_executable() -> bool {
         match LINKED.load(Relaxed) {
             MAIN => return true,
             ELSEWHERE => return false,
             _ => {}
         }
-        let found = search_main_program(linked_into_main_executable as *const () as usize);
+        let found = crate::config::thread_pointer_from_env()
+            && search_main_program(linked_into_main_executable as *const () as usize);
         LINKED.store(if found { MAIN } else { ELSEWHERE }, Relaxed);
         found
     }
