@@ -72,6 +72,7 @@
 //! - **Turning records off** stops new records at once; frees keep looking their blocks up
 //!   so that the records made while on leave exactly.
 
+mod buffer;
 mod clock;
 pub mod config;
 pub(crate) mod env;
@@ -130,9 +131,16 @@ pub(crate) fn activate() {
         return;
     }
     clock::start_epoch();
+    buffer::register_barrier();
     heap::REGISTRATION.register();
     // SAFETY: the handlers are plain functions that only take and release locks.
-    let rc = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    let rc = unsafe {
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_in_parent),
+            Some(after_fork_in_child),
+        )
+    };
     if rc != 0 {
         crate::fatal::write_stderr(
             b"tagalloc: pthread_atfork failed; a fork() during recording may deadlock the child\n",
@@ -141,24 +149,40 @@ pub(crate) fn activate() {
 }
 
 unsafe extern "C" fn before_fork() {
-    // SAFETY: released by `after_fork`; the order (table, stacks, heap) is the only order in
-    // which these locks are ever nested.
+    // SAFETY: released by `after_fork_*`; the order (table, buffers, stacks, heap) is the
+    // only order in which these locks are ever nested.
     unsafe {
         table::lock_all();
+        buffer::before_fork();
         stack::lock();
         heap::RECORDS_HEAP.small_heap().lock_all();
         heap::RECORDS_HEAP.large_heap().lock_all();
     }
 }
 
-unsafe extern "C" fn after_fork() {
+/// Releases what `before_fork` took.
+///
+/// # Safety
+/// Only after `before_fork`, on the thread that called it (or in the child it forked).
+unsafe fn after_fork(child: bool) {
     // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the child).
     unsafe {
         heap::RECORDS_HEAP.large_heap().unlock_all();
         heap::RECORDS_HEAP.small_heap().unlock_all();
         stack::unlock();
         table::unlock_all();
+        buffer::after_fork(child);
     }
+}
+
+unsafe extern "C" fn after_fork_in_parent() {
+    // SAFETY: registered as the parent's after-fork handler, so `before_fork` ran.
+    unsafe { after_fork(false) }
+}
+
+unsafe extern "C" fn after_fork_in_child() {
+    // SAFETY: registered as the child's after-fork handler, so `before_fork` ran.
+    unsafe { after_fork(true) }
 }
 
 // ---- Hooks, called by the allocators. Each is one load and one branch while off. ----
@@ -206,6 +230,8 @@ pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
 pub(crate) struct Taken {
     key: Key,
     rec: Rec,
+    /// Taken from a thread's buffer (its site counts it live no more).
+    from_buffer: bool,
 }
 
 /// Before `ptr` is resized: takes its record out (see [`after_realloc`]).
@@ -252,12 +278,24 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
         word = settle_env(reg);
     }
     let kind = word & KIND_MASK;
-    if kind == 0 || guard::is_busy() {
-        return; // off, or an allocation made while this thread records or reports
+    if kind == 0 {
+        return;
+    }
+    let target = guard::target();
+    if let guard::Target::Busy = target {
+        return; // an allocation made while this thread records or reports
     }
     let Some(index) = reg.index() else {
         return;
     };
+    let align_log2 = layout.align().trailing_zeros() as u8;
+    if kind == KIND_BASIC {
+        if let guard::Target::Buffer(buf) = target {
+            if buf.push(addr, index as u32, granted, layout.size(), align_log2) {
+                return;
+            }
+        }
+    }
     let frames = (word >> 8) as u8;
     let (weight, sampled, frames) = match kind {
         KIND_BASIC => (1.0, false, 0),
@@ -285,7 +323,7 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
             weight,
             thread: guard::thread_id(),
             stack,
-            align_log2: layout.align().trailing_zeros() as u8,
+            align_log2,
             sampled,
             timed: kind != KIND_BASIC,
             site: 0,
@@ -322,11 +360,19 @@ fn forget(reg: &'static Registration, mut word: u64, addr: usize) {
         return;
     }
     if let Some(index) = reg.index() {
+        let me = guard::current_buffer();
+        // SAFETY: a non-null buffer pointer from this thread's state is its claimed buffer,
+        // never freed.
+        if let Some(buf) = unsafe { me.as_ref() } {
+            if buf.take_own(addr, index as u32).is_some() {
+                return;
+            }
+        }
         let key = Key {
             addr,
             alloc: index as u32,
         };
-        table::remove(key, clock::ticks);
+        table::remove(key, clock::ticks, me);
     }
 }
 
@@ -342,19 +388,39 @@ fn take(reg: &'static Registration, mut word: u64, addr: usize) -> Option<Taken>
         addr,
         alloc: reg.index()? as u32,
     };
-    table::take(key).map(|rec| Taken { key, rec })
+    let me = guard::current_buffer();
+    // SAFETY: as in `forget`.
+    if let Some(buf) = unsafe { me.as_ref() } {
+        if let Some(e) = buf.take_own(key.addr, key.alloc) {
+            let rec = e.rec(guard::thread_id());
+            return Some(Taken {
+                key,
+                rec,
+                from_buffer: true,
+            });
+        }
+    }
+    table::take(key, me).map(|(rec, from_buffer)| Taken {
+        key,
+        rec,
+        from_buffer,
+    })
 }
 
 #[inline(never)]
 fn put_back(taken: Taken, new: Option<(NonNull<u8>, usize)>, new_size: usize) {
-    let Taken { mut key, mut rec } = taken;
+    let Taken {
+        mut key,
+        mut rec,
+        from_buffer,
+    } = taken;
     let old_size = rec.size;
     if let Some((ptr, granted)) = new {
         key.addr = ptr.as_ptr() as usize;
         rec.size = granted;
         rec.requested = new_size;
     }
-    table::put_resized(key, rec, old_size);
+    table::put_resized(key, rec, old_size, from_buffer);
 }
 
 /// Live records in the whole table (all allocators).
