@@ -145,7 +145,7 @@ pub(crate) struct Buf {
     /// The last clock read (owner only).
     tick: AtomicU64,
     addrs: [AtomicUsize; CAP],
-    /// Allocator index, and the alignment's log2 in bits 32..40.
+    /// Allocator index, the alignment's log2 in bits 32..40, the site slot in 40..48.
     metas: [AtomicU64; CAP],
     sizes: [AtomicUsize; CAP],
     requested: [AtomicUsize; CAP],
@@ -295,6 +295,7 @@ impl Buf {
     /// totals. Inside a write.
     #[inline(always)]
     fn remove_at(&self, i: usize) -> Entry {
+        let slot = (self.metas[i].load(Relaxed) >> 40) as usize % SITES;
         let e = self.entry_at(i);
         let last = self.len.load(Relaxed) - 1;
         if i != last {
@@ -305,30 +306,33 @@ impl Buf {
             self.times[i].store(self.times[last].load(Relaxed), Relaxed);
         }
         self.len.store(last, Relaxed);
-        if let Some(site) = self.site_of(e.alloc) {
-            sub(&site.live_bytes, e.size as u64);
-            sub(&site.live_blocks, 1);
-        }
+        let site = &self.sites[slot];
+        sub(&site.live_bytes, e.size as u64);
+        sub(&site.live_blocks, 1);
         e
     }
 
+    /// The site slot for `alloc`, claiming a free one. Inside a write.
     #[inline(always)]
-    fn site_of(&self, alloc: u32) -> Option<&Site> {
-        self.sites.iter().find(|s| s.alloc.load(Relaxed) == alloc)
-    }
-
-    /// The site for `alloc`, claiming a free one. Inside a write.
-    #[inline(always)]
-    fn site_for(&self, alloc: u32) -> Option<&Site> {
-        if let Some(s) = self.site_of(alloc) {
-            return Some(s);
-        }
-        let s = self
+    fn site_for(&self, alloc: u32) -> Option<usize> {
+        if let Some(j) = self
             .sites
             .iter()
-            .find(|s| s.alloc.load(Relaxed) == u32::MAX)?;
-        s.alloc.store(alloc, Relaxed);
-        Some(s)
+            .position(|s| s.alloc.load(Relaxed) == alloc)
+        {
+            return Some(j);
+        }
+        self.claim_site(alloc)
+    }
+
+    #[cold]
+    fn claim_site(&self, alloc: u32) -> Option<usize> {
+        let j = self
+            .sites
+            .iter()
+            .position(|s| s.alloc.load(Relaxed) == u32::MAX)?;
+        self.sites[j].alloc.store(alloc, Relaxed);
+        Some(j)
     }
 
     /// Buffers a new record; `false` when it cannot (no site left for its allocator): record
@@ -352,10 +356,11 @@ impl Buf {
                 self.serve();
                 continue;
             };
-            let Some(site) = self.site_for(alloc) else {
+            let Some(slot) = self.site_for(alloc) else {
                 self.abandon(s);
                 return false;
             };
+            let site = &self.sites[slot];
             let countdown = self.countdown.load(Relaxed);
             let time = if countdown == 0 {
                 let t = super::clock::ticks();
@@ -367,7 +372,8 @@ impl Buf {
                 self.tick.load(Relaxed)
             };
             self.addrs[len].store(addr, Relaxed);
-            self.metas[len].store(u64::from(alloc) | u64::from(align_log2) << 32, Relaxed);
+            let meta = u64::from(alloc) | u64::from(align_log2) << 32 | (slot as u64) << 40;
+            self.metas[len].store(meta, Relaxed);
             self.sizes[len].store(size, Relaxed);
             self.requested[len].store(requested, Relaxed);
             self.times[len].store(time, Relaxed);

@@ -43,7 +43,10 @@ pub(crate) fn free_fast(ptr: *mut u8) -> bool {
 ///
 /// # Safety
 /// `GlobalAlloc::alloc`'s contract; `plain` is the matching plain allocation.
-#[inline(never)]
+///
+/// Inlined into the `SystemAllocator`'s recording path, so that `plain` is a direct call
+/// (or inlined) rather than a call through a pointer.
+#[inline(always)]
 pub(crate) unsafe fn alloc(layout: Layout, plain: unsafe fn(Layout) -> *mut u8) -> *mut u8 {
     // SAFETY: forwarded from the caller.
     let p = unsafe { plain(layout) };
@@ -59,7 +62,7 @@ pub(crate) unsafe fn alloc(layout: Layout, plain: unsafe fn(Layout) -> *mut u8) 
 ///
 /// # Safety
 /// `GlobalAlloc::dealloc`'s contract; `plain` is the matching plain free.
-#[inline(never)]
+#[inline(always)]
 pub(crate) unsafe fn dealloc(ptr: *mut u8, layout: Layout, plain: unsafe fn(*mut u8, Layout)) {
     if let Some(p) = NonNull::new(ptr) {
         before_free(&SYSTEM, p);

@@ -197,9 +197,29 @@ pub(crate) fn after_alloc(
     granted: usize,
 ) {
     let word = reg.records().word();
-    if word & ALLOC_HOOK != 0 && !skip_sample(word, layout.size()) {
+    if word & ALLOC_HOOK == KIND_BASIC {
+        record_basic(reg, word, ptr.as_ptr() as usize, layout, granted);
+    } else if word & ALLOC_HOOK != 0 && !skip_sample(word, layout.size()) {
         record(reg, word, ptr.as_ptr() as usize, layout, granted);
     }
+}
+
+/// A basic record: into this thread's buffer when it can (the common case, kept small).
+#[inline(always)]
+fn record_basic(
+    reg: &'static Registration,
+    word: u64,
+    addr: usize,
+    layout: Layout,
+    granted: usize,
+) {
+    if let (guard::Target::Buffer(buf), Some(index)) = (guard::target(), reg.index()) {
+        let align_log2 = layout.align().trailing_zeros() as u8;
+        if buf.push(addr, index as u32, granted, layout.size(), align_log2) {
+            return;
+        }
+    }
+    record(reg, word, addr, layout, granted);
 }
 
 /// Whether an allocation of `size` bytes in an allocator that only samples is certainly
@@ -220,9 +240,26 @@ pub(crate) fn skip_unsampled_free(word: u64, addr: usize) -> bool {
 #[inline(always)]
 pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
     let word = reg.records().word();
-    if word & FREE_HOOK != 0 && !skip_unsampled_free(word, ptr.as_ptr() as usize) {
+    if word & FREE_HOOK == TRACK_ALL {
+        forget_basic(reg, word, ptr.as_ptr() as usize);
+    } else if word & FREE_HOOK != 0 && !skip_unsampled_free(word, ptr.as_ptr() as usize) {
         forget(reg, word, ptr.as_ptr() as usize);
     }
+}
+
+/// A free in an allocator that may have records of every block: this thread's own buffer
+/// first (the common case, kept small).
+#[inline(always)]
+fn forget_basic(reg: &'static Registration, word: u64, addr: usize) {
+    let me = guard::current_buffer();
+    // SAFETY: a non-null buffer pointer from this thread's state is its claimed buffer,
+    // never freed.
+    if let (Some(buf), Some(index)) = (unsafe { me.as_ref() }, reg.index()) {
+        if buf.take_own(addr, index as u32).is_some() {
+            return;
+        }
+    }
+    forget(reg, word, addr);
 }
 
 /// A record taken out of the table while its block is being resized.
