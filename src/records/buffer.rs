@@ -38,36 +38,82 @@ use core::sync::atomic::{
 pub(crate) const CAP: usize = 64;
 /// Allocators with per-thread totals per buffer (records of a fifth go to the table).
 const SITES: usize = 4;
-/// A buffered record's time is the clock read at most this many buffered records earlier
-/// on the same thread (a clock read costs as much as the rest of the record).
-const TICK_EVERY: u64 = 16;
+/// A buffered record's time is the clock read at most this many record operations
+/// (buffered allocations and frees) earlier on the same thread: a clock read costs as much
+/// as the rest of the record.
+const TICK_EVERY: u64 = 32;
 
 /// `requests`: dead records wait in the inbox.
 const INBOX: u32 = 1;
 /// `requests`: one reader asks the owner to pause (a count, in these units).
 const PAUSE: u32 = 2;
 
-/// A buffer's totals for one allocator, in the owner's records only (the live ones are
-/// also counted here; readers take live figures from the records themselves).
+/// A buffer's totals for one allocator. Its live bytes are what was buffered minus what
+/// left (freed, published or taken), and the most live at once is checked as records leave
+/// (a peak is always followed by a departure, or still there when read).
 struct Site {
     /// Registry index, or `u32::MAX` while unused.
     alloc: AtomicU32,
     total_bytes: AtomicU64,
     total_blocks: AtomicU64,
-    live_bytes: AtomicU64,
-    live_blocks: AtomicU64,
+    left_bytes: AtomicU64,
+    left_blocks: AtomicU64,
     max_bytes: AtomicU64,
     max_blocks: AtomicU64,
 }
 
 impl Site {
+    /// A record leaves: the live bytes before it left may be the most so far.
+    #[inline(always)]
+    fn left(&self, size: u64) {
+        let left = self.left_bytes.load(Relaxed);
+        let left_blocks = self.left_blocks.load(Relaxed);
+        let live = self.total_bytes.load(Relaxed).wrapping_sub(left);
+        if live > self.max_bytes.load(Relaxed) {
+            self.peak(live, left_blocks);
+        }
+        self.left_bytes.store(left.wrapping_add(size), Relaxed);
+        self.left_blocks.store(left_blocks + 1, Relaxed);
+    }
+
+    #[inline(never)]
+    fn peak(&self, live: u64, left_blocks: u64) {
+        self.max_bytes.store(live, Relaxed);
+        let blocks = self.total_blocks.load(Relaxed).wrapping_sub(left_blocks);
+        self.max_blocks.store(blocks, Relaxed);
+    }
+
+    /// The totals, with the live bytes now counted towards the most at once.
+    fn totals(&self) -> SiteTotals {
+        let live = self
+            .total_bytes
+            .load(Relaxed)
+            .wrapping_sub(self.left_bytes.load(Relaxed));
+        let blocks = self
+            .total_blocks
+            .load(Relaxed)
+            .wrapping_sub(self.left_blocks.load(Relaxed));
+        let (max_bytes, max_blocks) = if live > self.max_bytes.load(Relaxed) {
+            (live, blocks)
+        } else {
+            (self.max_bytes.load(Relaxed), self.max_blocks.load(Relaxed))
+        };
+        SiteTotals {
+            alloc: self.alloc.load(Relaxed),
+            total_bytes: self.total_bytes.load(Relaxed),
+            total_blocks: self.total_blocks.load(Relaxed),
+            max_bytes,
+            max_blocks,
+        }
+    }
+
     const fn new() -> Self {
         Self {
             alloc: AtomicU32::new(u32::MAX),
             total_bytes: AtomicU64::new(0),
             total_blocks: AtomicU64::new(0),
-            live_bytes: AtomicU64::new(0),
-            live_blocks: AtomicU64::new(0),
+            left_bytes: AtomicU64::new(0),
+            left_blocks: AtomicU64::new(0),
             max_bytes: AtomicU64::new(0),
             max_blocks: AtomicU64::new(0),
         }
@@ -140,8 +186,8 @@ pub(crate) struct Buf {
     len: AtomicUsize,
     requests: AtomicU32,
     tid: AtomicU32,
-    /// Buffered records left before the clock is read again (owner only).
-    countdown: AtomicU64,
+    /// The `seq` from which the clock is read again (owner only).
+    next_tick: AtomicU64,
     /// The last clock read (owner only).
     tick: AtomicU64,
     addrs: [AtomicUsize; CAP],
@@ -169,7 +215,7 @@ impl Buf {
             len: AtomicUsize::new(0),
             requests: AtomicU32::new(0),
             tid: AtomicU32::new(0),
-            countdown: AtomicU64::new(0),
+            next_tick: AtomicU64::new(0),
             tick: AtomicU64::new(0),
             addrs: [const { AtomicUsize::new(0) }; CAP],
             metas: [const { AtomicU64::new(0) }; CAP],
@@ -187,6 +233,16 @@ impl Buf {
     }
 
     // ---- The owner's side. ----
+
+    /// Reads the clock for this and the next buffered records.
+    #[cold]
+    #[inline(never)]
+    fn read_clock(&self, s: u64) -> u64 {
+        let t = super::clock::ticks();
+        self.tick.store(t, Relaxed);
+        self.next_tick.store(s + 2 * TICK_EVERY, Relaxed);
+        t
+    }
 
     /// Starts a write: `seq` odd. `None` (and `seq` even again, nothing written) when a
     /// request is pending: serve it and retry.
@@ -295,8 +351,16 @@ impl Buf {
     /// totals. Inside a write.
     #[inline(always)]
     fn remove_at(&self, i: usize) -> Entry {
-        let slot = (self.metas[i].load(Relaxed) >> 40) as usize % SITES;
         let e = self.entry_at(i);
+        self.drop_at(i);
+        e
+    }
+
+    /// Removes slot `i` without reading it out. Inside a write.
+    #[inline(always)]
+    fn drop_at(&self, i: usize) {
+        let meta = self.metas[i].load(Relaxed);
+        let size = self.sizes[i].load(Relaxed);
         let last = self.len.load(Relaxed) - 1;
         if i != last {
             self.addrs[i].store(self.addrs[last].load(Relaxed), Relaxed);
@@ -306,10 +370,7 @@ impl Buf {
             self.times[i].store(self.times[last].load(Relaxed), Relaxed);
         }
         self.len.store(last, Relaxed);
-        let site = &self.sites[slot];
-        sub(&site.live_bytes, e.size as u64);
-        sub(&site.live_blocks, 1);
-        e
+        self.sites[(meta >> 40) as usize % SITES].left(size as u64);
     }
 
     /// The site slot for `alloc`, claiming a free one. Inside a write.
@@ -361,14 +422,9 @@ impl Buf {
                 return false;
             };
             let site = &self.sites[slot];
-            let countdown = self.countdown.load(Relaxed);
-            let time = if countdown == 0 {
-                let t = super::clock::ticks();
-                self.tick.store(t, Relaxed);
-                self.countdown.store(TICK_EVERY - 1, Relaxed);
-                t
+            let time = if s >= self.next_tick.load(Relaxed) {
+                self.read_clock(s)
             } else {
-                self.countdown.store(countdown - 1, Relaxed);
                 self.tick.load(Relaxed)
             };
             self.addrs[len].store(addr, Relaxed);
@@ -378,26 +434,37 @@ impl Buf {
             self.requested[len].store(requested, Relaxed);
             self.times[len].store(time, Relaxed);
             self.len.store(len + 1, Relaxed);
-            let size = size as u64;
-            add(&site.total_bytes, size);
+            add(&site.total_bytes, size as u64);
             add(&site.total_blocks, 1);
-            let live = site.live_bytes.load(Relaxed) + size;
-            site.live_bytes.store(live, Relaxed);
-            let blocks = site.live_blocks.load(Relaxed) + 1;
-            site.live_blocks.store(blocks, Relaxed);
-            if live > site.max_bytes.load(Relaxed) {
-                site.max_bytes.store(live, Relaxed);
-                site.max_blocks.store(blocks, Relaxed);
-            }
             self.end(s);
             return true;
         }
     }
 
-    /// Takes this thread's own record of a block out of the buffer (its free or realloc),
-    /// if it is here.
-    #[inline(always)]
+    /// Takes this thread's own record of a block out of the buffer (its realloc), if it is
+    /// here.
     pub(crate) fn take_own(&self, addr: usize, alloc: u32) -> Option<Entry> {
+        let (s, i) = self.find_own(addr, alloc)?;
+        let e = self.remove_at(i);
+        self.end(s);
+        Some(e)
+    }
+
+    /// Drops this thread's own record of a freed block; `false` if it is not here.
+    #[inline(always)]
+    pub(crate) fn forget_own(&self, addr: usize, alloc: u32) -> bool {
+        let Some((s, i)) = self.find_own(addr, alloc) else {
+            return false;
+        };
+        self.drop_at(i);
+        self.end(s);
+        true
+    }
+
+    /// Starts a write and finds the slot of one of this thread's records (`None`: not
+    /// here, nothing started).
+    #[inline(always)]
+    fn find_own(&self, addr: usize, alloc: u32) -> Option<(u64, usize)> {
         loop {
             if self.len.load(Relaxed) == 0 && self.requests.load(Relaxed) == 0 {
                 return None;
@@ -410,9 +477,7 @@ impl Buf {
                 self.abandon(s);
                 return None;
             };
-            let e = self.remove_at(i);
-            self.end(s);
-            return Some(e);
+            return Some((s, i));
         }
     }
 
@@ -459,18 +524,15 @@ impl Buf {
             }
             let totals = SiteTotals {
                 alloc,
-                total_bytes: site.total_bytes.load(Relaxed),
-                total_blocks: site.total_blocks.load(Relaxed),
-                max_bytes: site.max_bytes.load(Relaxed),
-                max_blocks: site.max_blocks.load(Relaxed),
+                ..site.totals()
             };
             table::merge_retired(totals);
             let s = self.begin_anyway();
             for a in [
                 &site.total_bytes,
                 &site.total_blocks,
-                &site.live_bytes,
-                &site.live_blocks,
+                &site.left_bytes,
+                &site.left_blocks,
                 &site.max_bytes,
                 &site.max_blocks,
             ] {
@@ -493,13 +555,7 @@ impl Buf {
                 *slot = buf.entry_at(i);
             }
             for (site, t) in buf.sites.iter().zip(sites.iter_mut()) {
-                *t = SiteTotals {
-                    alloc: site.alloc.load(Relaxed),
-                    total_bytes: site.total_bytes.load(Relaxed),
-                    total_blocks: site.total_blocks.load(Relaxed),
-                    max_bytes: site.max_bytes.load(Relaxed),
-                    max_blocks: site.max_blocks.load(Relaxed),
-                };
+                *t = site.totals();
             }
             len
         })
@@ -556,11 +612,6 @@ impl Buf {
 #[inline(always)]
 fn add(a: &AtomicU64, n: u64) {
     a.store(a.load(Relaxed).wrapping_add(n), Relaxed);
-}
-
-#[inline(always)]
-fn sub(a: &AtomicU64, n: u64) {
-    a.store(a.load(Relaxed).wrapping_sub(n), Relaxed);
 }
 
 /// Every buffer, in list order.
@@ -629,7 +680,7 @@ pub(crate) fn claim(tid: u32) -> Option<&'static Buf> {
         }
     };
     buf.tid.store(tid, Relaxed);
-    buf.countdown.store(0, Relaxed);
+    buf.next_tick.store(0, Relaxed);
     // SAFETY: the key exists; the value is the thread's buffer, handed to `on_thread_exit`.
     unsafe { libc::pthread_setspecific(key, ptr::from_ref(buf).cast()) };
     Some(buf)

@@ -32,11 +32,14 @@ pub(crate) fn alloc_fast(size: usize) -> bool {
 }
 
 /// Whether a small free may take the fast path: records are off, or the allocator only
-/// samples and `ptr` is certainly not a sampled block.
+/// samples and `ptr` is certainly not a sampled block, or its record was in this thread's
+/// buffer and is now removed (the common basic free: the record leaves before the block).
 #[inline(always)]
 pub(crate) fn free_fast(ptr: *mut u8) -> bool {
     let word = SYSTEM.records().word();
-    word & super::FREE_HOOK == 0 || super::skip_unsampled_free(word, ptr as usize)
+    word & super::FREE_HOOK == 0
+        || super::skip_unsampled_free(word, ptr as usize)
+        || (word & super::FREE_HOOK == super::TRACK_ALL && super::forget_own(&SYSTEM, ptr as usize))
 }
 
 /// Allocates with `plain` and records the block.

@@ -94,8 +94,9 @@ use crate::registry::{self, Registration};
 use core::alloc::Layout;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, Ordering::*};
+pub(crate) use mode::TRACK_ALL;
+use mode::TRACK_SAMPLED;
 use mode::{ALLOC_HOOK, FREE_HOOK, KIND_BASIC, KIND_FULL, KIND_MASK, KIND_SAMPLE, PENDING_ENV};
-use mode::{TRACK_ALL, TRACK_SAMPLED};
 use table::{Key, Rec};
 
 /// Sets the record mode of every registered allocator whose name or description is `name`
@@ -251,15 +252,22 @@ pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
 /// first (the common case, kept small).
 #[inline(always)]
 fn forget_basic(reg: &'static Registration, word: u64, addr: usize) {
+    if !forget_own(reg, addr) {
+        forget(reg, word, addr);
+    }
+}
+
+/// Drops the record of a block this thread allocated and still has in its buffer; `false`
+/// when it is not there (look in the table and the other buffers).
+#[inline(always)]
+pub(crate) fn forget_own(reg: &'static Registration, addr: usize) -> bool {
     let me = guard::current_buffer();
     // SAFETY: a non-null buffer pointer from this thread's state is its claimed buffer,
     // never freed.
-    if let (Some(buf), Some(index)) = (unsafe { me.as_ref() }, reg.index()) {
-        if buf.take_own(addr, index as u32).is_some() {
-            return;
-        }
+    match (unsafe { me.as_ref() }, reg.index()) {
+        (Some(buf), Some(index)) => buf.forget_own(addr, index as u32),
+        _ => false,
     }
-    forget(reg, word, addr);
 }
 
 /// A record taken out of the table while its block is being resized.
