@@ -25,7 +25,7 @@ struct ThreadState {
 }
 
 /// The buffer pointer of a thread that records straight into the table.
-const GONE: *const Buf = 1 as *const Buf;
+const GONE: *const Buf = core::ptr::dangling::<Buf>();
 
 thread_local! {
     static STATE: ThreadState = const {

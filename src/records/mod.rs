@@ -7,15 +7,22 @@
 //!
 //! | mode | records | what it costs per call | alloc+free pair, `SystemAllocator` / child (`benches/records.rs`) |
 //! |---|---|---|---|
-//! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch | 2.5 ns / 28 ns |
-//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | 5.8–6.8 ns / 32–35 ns |
-//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a lock, a table insert or remove, a clock read | 31–34 ns / 66–68 ns |
-//! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames) per allocation | 2.1 µs / 2.0 µs |
+//! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch | BENCH_OFF |
+//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | BENCH_SAMPLE |
+//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer; a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | BENCH_BASIC |
+//! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames) per allocation, a lock and a table insert or remove, a clock read | BENCH_FULL |
 //!
 //! (2-core shared Xeon, 16–256-byte blocks. On the `compare` harness's `small` workload,
-//! 30 million small allocations: sampling costs about +30 %, basic records about 5×, in
-//! time and in instructions 1.9× and 5.3×. Most of a basic record is two uncontended lock
-//! acquisitions and one time-stamp read.)
+//! 30 million small allocations: sampling costs about +30 %, basic records SMALL_RATIO in time
+//! and INSN_RATIO in instructions; of that, about 1.6× is the `SystemAllocator`'s recording
+//! entry itself, measured with the record work removed.)
+//!
+//! Basic records first go to a per-thread buffer of 64 records (see `buffer.rs`), written
+//! by its thread alone with plain stores: a block freed on the thread that allocated it
+//! while its record is still buffered never touches a lock, an atomic read-modify-write or
+//! the shared table. Their times are coarse: a thread reads the clock once per 32 record
+//! operations, and a basic record's time is the last read, which after an idle spell may
+//! be well before the allocation.
 //!
 //! Set a mode in code, on a handle (`Renderer.set_records(RecordMode::full())`) or on the
 //! `SystemAllocator` (`GLOBAL.set_records(..)`), or at start-up with the environment:
@@ -61,13 +68,17 @@
 //! - **No deadlock.** The table's locks are allocation-free spin locks that are never held
 //!   across a call that could allocate through the global allocator; reports copy a
 //!   snapshot under the locks (into the records' heap) and resolve and format after
-//!   releasing them. `fork()` handlers take and release every records lock.
+//!   releasing them. A thread never waits for anything while it writes its record buffer,
+//!   so readers waiting for a consistent copy always get one. `fork()` handlers take and
+//!   release every records lock and hold every buffer's thread outside its writes.
 //! - **No unwinding.** Nothing on the recording path panics; when the records' heap runs
 //!   out of memory a record is dropped and counted ([`RecordsSnapshot::dropped`]).
 //! - **Exact.** A block's record is added after the block is allocated and removed before
 //!   it is freed, so under any interleaving of threads the live records are exactly the
-//!   live recorded blocks. Blocks allocated before recording was turned on have no
-//!   record; their frees simply miss the table. A realloc moves and resizes the record
+//!   live recorded blocks. A record waiting in its thread's buffer is found by a free on
+//!   any thread (under the record's shard lock, which a record needs to move to the table),
+//!   and reports copy the buffers with every shard lock held. Blocks allocated before
+//!   recording was turned on have no record; their frees simply miss the table. A realloc moves and resizes the record
 //!   (keeping its stack, thread and time); it never starts one.
 //! - **Turning records off** stops new records at once; frees keep looking their blocks up
 //!   so that the records made while on leave exactly.

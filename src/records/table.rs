@@ -1,4 +1,5 @@
-//! The record table: every live record, keyed by (address, allocator), in 64 shards.
+//! The record table: every live record that is not waiting in a thread's buffer (see
+//! [`buffer`]), keyed by (address, allocator), in 64 shards.
 //!
 //! Each shard is a `hashbrown` map behind an allocation-free [`SpinLock`], on a cache line
 //! of its own; the shard is chosen by a hash of the address, so threads recording unrelated
