@@ -143,7 +143,6 @@ pub(crate) fn activate() {
         return;
     }
     clock::start_epoch();
-    buffer::register_barrier();
     heap::REGISTRATION.register();
     // SAFETY: the handlers are plain functions that only take and release locks.
     let rc = unsafe {
