@@ -35,11 +35,14 @@ pub(crate) fn alloc_fast(size: usize) -> bool {
 }
 
 /// Whether a small free may take the fast path: records are off, or the allocator only
-/// samples and `ptr` is certainly not a sampled block.
+/// samples and `ptr` is certainly not a sampled block, or its record was in this thread's
+/// buffer and is now removed (the common basic free: the record leaves before the block).
 #[inline(always)]
 pub(crate) fn free_fast(ptr: *mut u8) -> bool {
     let word = SYSTEM.records().word();
-    word & super::FREE_HOOK == 0 || super::skip_unsampled_free(word, ptr as usize)
+    word & super::FREE_HOOK == 0
+        || super::skip_unsampled_free(word, ptr as usize)
+        || (word & super::FREE_HOOK == super::TRACK_ALL && super::forget_own(&SYSTEM, ptr as usize))
 }
 
 /// The thread caches' mirror of the settings word (see `thread_cache::HOOK_ALLOC`): which
@@ -108,7 +111,10 @@ pub(crate) fn alloc_sampled(
 ///
 /// # Safety
 /// `GlobalAlloc::alloc`'s contract; `plain` is the matching plain allocation.
-#[inline(never)]
+///
+/// Inlined into the `SystemAllocator`'s recording path, so that `plain` is a direct call
+/// (or inlined) rather than a call through a pointer.
+#[inline(always)]
 pub(crate) unsafe fn alloc(layout: Layout, plain: unsafe fn(Layout) -> *mut u8) -> *mut u8 {
     // SAFETY: forwarded from the caller.
     let p = unsafe { plain(layout) };
@@ -124,7 +130,7 @@ pub(crate) unsafe fn alloc(layout: Layout, plain: unsafe fn(Layout) -> *mut u8) 
 ///
 /// # Safety
 /// `GlobalAlloc::dealloc`'s contract; `plain` is the matching plain free.
-#[inline(never)]
+#[inline(always)]
 pub(crate) unsafe fn dealloc(ptr: *mut u8, layout: Layout, plain: unsafe fn(*mut u8, Layout)) {
     if let Some(p) = NonNull::new(ptr) {
         before_free(&SYSTEM, p);

@@ -1,4 +1,5 @@
-//! Per-thread state of the recorder: the re-entrancy guard, the thread id and the sampler.
+//! Per-thread state of the recorder: the re-entrancy guard, the thread id, the sampler and
+//! the thread's record buffer.
 //!
 //! One `const`-initialised `thread_local!` with no destructor, so reaching it is a plain TLS
 //! access that never allocates and never fails, even while the thread's other TLS
@@ -10,20 +11,28 @@
 //! Frees are not affected: a free always removes its record, so a record never outlives
 //! its block.
 
+use super::buffer::{self, Buf};
 use super::sample::Sampler;
 use core::cell::{Cell, UnsafeCell};
 
 struct ThreadState {
     busy: Cell<bool>,
     tid: Cell<u32>,
+    /// The thread's record buffer: null before its first buffered record, [`GONE`] once
+    /// the thread's exit hook retired it (or none could be had).
+    buf: Cell<*const Buf>,
     sampler: UnsafeCell<Sampler>,
 }
+
+/// The buffer pointer of a thread that records straight into the table.
+const GONE: *const Buf = core::ptr::dangling::<Buf>();
 
 thread_local! {
     static STATE: ThreadState = const {
         ThreadState {
             busy: Cell::new(false),
             tid: Cell::new(0),
+            buf: Cell::new(core::ptr::null()),
             sampler: UnsafeCell::new(Sampler::new()),
         }
     };
@@ -91,6 +100,69 @@ fn os_thread_id() -> u32 {
     use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
     static NEXT: AtomicU32 = AtomicU32::new(1);
     NEXT.fetch_add(1, Relaxed)
+}
+
+/// Where an allocation's basic record goes.
+pub(crate) enum Target {
+    /// Nowhere: this thread is recording or reporting (see the [module docs](self)).
+    Busy,
+    /// This thread's buffer.
+    Buffer(&'static Buf),
+    /// The shared table (the thread is exiting, or has no buffer).
+    Table,
+}
+
+/// Where this thread's next basic record goes (one TLS access).
+#[inline(always)]
+pub(crate) fn target() -> Target {
+    STATE.with(|s| {
+        if s.busy.get() {
+            return Target::Busy;
+        }
+        let p = s.buf.get();
+        if p.addr() > GONE.addr() {
+            // SAFETY: a claimed buffer, never freed.
+            return Target::Buffer(unsafe { &*p });
+        }
+        if p.is_null() {
+            return claim(s);
+        }
+        Target::Table
+    })
+}
+
+#[cold]
+#[inline(never)]
+fn claim(s: &ThreadState) -> Target {
+    let tid = thread_id();
+    match buffer::claim(tid) {
+        Some(b) => {
+            s.buf.set(b);
+            Target::Buffer(b)
+        }
+        None => {
+            s.buf.set(GONE);
+            Target::Table
+        }
+    }
+}
+
+/// This thread's buffer, or null (none yet, or gone).
+#[inline(always)]
+pub(crate) fn current_buffer() -> *const Buf {
+    STATE.with(|s| {
+        let p = s.buf.get();
+        if p.addr() > GONE.addr() {
+            p
+        } else {
+            core::ptr::null()
+        }
+    })
+}
+
+/// The thread's buffer was retired (it exits): later records go to the table.
+pub(crate) fn buffer_gone() {
+    STATE.with(|s| s.buf.set(GONE));
 }
 
 /// Runs `f` on this thread's sampler. `f` must not call back into this module.

@@ -7,15 +7,22 @@
 //!
 //! | mode | records | what it costs per call | alloc+free pair, `SystemAllocator` / child (`benches/records.rs`) |
 //! |---|---|---|---|
-//! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch | 2.5 ns / 28 ns |
-//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | 5.8–6.8 ns / 32–35 ns |
-//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a lock, a table insert or remove, a clock read | 31–34 ns / 66–68 ns |
-//! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames) per allocation | 2.1 µs / 2.0 µs |
+//! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch | 2.5–3.5 ns / 7–10 ns |
+//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | 10–12 ns / 12–16 ns |
+//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer; a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | 17–23 ns / 25–34 ns |
+//! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames) per allocation, a lock and a table insert or remove, a clock read | 2.0–3.7 µs / 2.0–3.4 µs |
 //!
-//! (2-core shared Xeon, 16–256-byte blocks. On the `compare` harness's `small` workload,
-//! 30 million small allocations: sampling costs about +30 %, basic records about 5×, in
-//! time and in instructions 1.9× and 5.3×. Most of a basic record is two uncontended lock
-//! acquisitions and one time-stamp read.)
+//! (2-core Xeon shared with other builds, hence ranges; 16–256-byte blocks. On the
+//! `compare` harness's `small` workload, 30 million small allocations: sampling costs about
+//! +30 %, basic records about 2.5× in time and 3.9× in instructions; of that, about 1.6× is
+//! the `SystemAllocator`'s recording entry itself, measured with the record work removed.)
+//!
+//! Basic records first go to a per-thread buffer of 64 records (see `buffer.rs`), written
+//! by its thread alone with plain stores: a block freed on the thread that allocated it
+//! while its record is still buffered never touches a lock, an atomic read-modify-write or
+//! the shared table. Their times are coarse: a thread reads the clock once per 32 record
+//! operations, and a basic record's time is the last read, which after an idle spell may
+//! be well before the allocation.
 //!
 //! Set a mode in code, on a handle (`Renderer.set_records(RecordMode::full())`) or on the
 //! `SystemAllocator` (`GLOBAL.set_records(..)`), or at start-up with the environment:
@@ -61,17 +68,22 @@
 //! - **No deadlock.** The table's locks are allocation-free spin locks that are never held
 //!   across a call that could allocate through the global allocator; reports copy a
 //!   snapshot under the locks (into the records' heap) and resolve and format after
-//!   releasing them. `fork()` handlers take and release every records lock.
+//!   releasing them. A thread never waits for anything while it writes its record buffer,
+//!   so readers waiting for a consistent copy always get one. `fork()` handlers take and
+//!   release every records lock and hold every buffer's thread outside its writes.
 //! - **No unwinding.** Nothing on the recording path panics; when the records' heap runs
 //!   out of memory a record is dropped and counted ([`RecordsSnapshot::dropped`]).
 //! - **Exact.** A block's record is added after the block is allocated and removed before
 //!   it is freed, so under any interleaving of threads the live records are exactly the
-//!   live recorded blocks. Blocks allocated before recording was turned on have no
-//!   record; their frees simply miss the table. A realloc moves and resizes the record
+//!   live recorded blocks. A record waiting in its thread's buffer is found by a free on
+//!   any thread (under the record's shard lock, which a record needs to move to the table),
+//!   and reports copy the buffers with every shard lock held. Blocks allocated before
+//!   recording was turned on have no record; their frees simply miss the table. A realloc moves and resizes the record
 //!   (keeping its stack, thread and time); it never starts one.
 //! - **Turning records off** stops new records at once; frees keep looking their blocks up
 //!   so that the records made while on leave exactly.
 
+mod buffer;
 mod clock;
 pub mod config;
 pub(crate) mod env;
@@ -93,8 +105,9 @@ use crate::registry::{self, Registration};
 use core::alloc::Layout;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, Ordering::*};
+pub(crate) use mode::TRACK_ALL;
+use mode::TRACK_SAMPLED;
 use mode::{ALLOC_HOOK, FREE_HOOK, KIND_BASIC, KIND_FULL, KIND_MASK, KIND_SAMPLE, PENDING_ENV};
-use mode::{TRACK_ALL, TRACK_SAMPLED};
 use table::{Key, Rec};
 
 /// Sets the record mode of every registered allocator whose name or description is `name`
@@ -132,7 +145,13 @@ pub(crate) fn activate() {
     clock::start_epoch();
     heap::REGISTRATION.register();
     // SAFETY: the handlers are plain functions that only take and release locks.
-    let rc = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    let rc = unsafe {
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_in_parent),
+            Some(after_fork_in_child),
+        )
+    };
     if rc != 0 {
         crate::fatal::write_stderr(
             b"tagalloc: pthread_atfork failed; a fork() during recording may deadlock the child\n",
@@ -141,24 +160,40 @@ pub(crate) fn activate() {
 }
 
 unsafe extern "C" fn before_fork() {
-    // SAFETY: released by `after_fork`; the order (table, stacks, heap) is the only order in
-    // which these locks are ever nested.
+    // SAFETY: released by `after_fork_*`; the order (table, buffers, stacks, heap) is the
+    // only order in which these locks are ever nested.
     unsafe {
         table::lock_all();
+        buffer::before_fork();
         stack::lock();
         heap::RECORDS_HEAP.small_heap().lock_all();
         heap::RECORDS_HEAP.large_heap().lock_all();
     }
 }
 
-unsafe extern "C" fn after_fork() {
+/// Releases what `before_fork` took.
+///
+/// # Safety
+/// Only after `before_fork`, on the thread that called it (or in the child it forked).
+unsafe fn after_fork(child: bool) {
     // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the child).
     unsafe {
         heap::RECORDS_HEAP.large_heap().unlock_all();
         heap::RECORDS_HEAP.small_heap().unlock_all();
         stack::unlock();
         table::unlock_all();
+        buffer::after_fork(child);
     }
+}
+
+unsafe extern "C" fn after_fork_in_parent() {
+    // SAFETY: registered as the parent's after-fork handler, so `before_fork` ran.
+    unsafe { after_fork(false) }
+}
+
+unsafe extern "C" fn after_fork_in_child() {
+    // SAFETY: registered as the child's after-fork handler, so `before_fork` ran.
+    unsafe { after_fork(true) }
 }
 
 // ---- Hooks, called by the allocators. Each is one load and one branch while off. ----
@@ -173,9 +208,29 @@ pub(crate) fn after_alloc(
     granted: usize,
 ) {
     let word = reg.records().word();
-    if word & ALLOC_HOOK != 0 && !skip_sample(word, layout.size()) {
+    if word & ALLOC_HOOK == KIND_BASIC {
+        record_basic(reg, word, ptr.as_ptr() as usize, layout, granted);
+    } else if word & ALLOC_HOOK != 0 && !skip_sample(word, layout.size()) {
         record(reg, word, ptr.as_ptr() as usize, layout, granted);
     }
+}
+
+/// A basic record: into this thread's buffer when it can (the common case, kept small).
+#[inline(always)]
+fn record_basic(
+    reg: &'static Registration,
+    word: u64,
+    addr: usize,
+    layout: Layout,
+    granted: usize,
+) {
+    if let (guard::Target::Buffer(buf), Some(index)) = (guard::target(), reg.index()) {
+        let align_log2 = layout.align().trailing_zeros() as u8;
+        if buf.push(addr, index as u32, granted, layout.size(), align_log2) {
+            return;
+        }
+    }
+    record(reg, word, addr, layout, granted);
 }
 
 /// Whether an allocation of `size` bytes in an allocator that only samples is certainly
@@ -196,8 +251,32 @@ pub(crate) fn skip_unsampled_free(word: u64, addr: usize) -> bool {
 #[inline(always)]
 pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
     let word = reg.records().word();
-    if word & FREE_HOOK != 0 && !skip_unsampled_free(word, ptr.as_ptr() as usize) {
+    if word & FREE_HOOK == TRACK_ALL {
+        forget_basic(reg, word, ptr.as_ptr() as usize);
+    } else if word & FREE_HOOK != 0 && !skip_unsampled_free(word, ptr.as_ptr() as usize) {
         forget(reg, word, ptr.as_ptr() as usize);
+    }
+}
+
+/// A free in an allocator that may have records of every block: this thread's own buffer
+/// first (the common case, kept small).
+#[inline(always)]
+fn forget_basic(reg: &'static Registration, word: u64, addr: usize) {
+    if !forget_own(reg, addr) {
+        forget(reg, word, addr);
+    }
+}
+
+/// Drops the record of a block this thread allocated and still has in its buffer; `false`
+/// when it is not there (look in the table and the other buffers).
+#[inline(always)]
+pub(crate) fn forget_own(reg: &'static Registration, addr: usize) -> bool {
+    let me = guard::current_buffer();
+    // SAFETY: a non-null buffer pointer from this thread's state is its claimed buffer,
+    // never freed.
+    match (unsafe { me.as_ref() }, reg.index()) {
+        (Some(buf), Some(index)) => buf.forget_own(addr, index as u32),
+        _ => false,
     }
 }
 
@@ -206,6 +285,8 @@ pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
 pub(crate) struct Taken {
     key: Key,
     rec: Rec,
+    /// Taken from a thread's buffer (its site counts it live no more).
+    from_buffer: bool,
 }
 
 /// Before `ptr` is resized: takes its record out (see [`after_realloc`]).
@@ -252,12 +333,24 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
         word = settle_env(reg);
     }
     let kind = word & KIND_MASK;
-    if kind == 0 || guard::is_busy() {
-        return; // off, or an allocation made while this thread records or reports
+    if kind == 0 {
+        return;
+    }
+    let target = guard::target();
+    if let guard::Target::Busy = target {
+        return; // an allocation made while this thread records or reports
     }
     let Some(index) = reg.index() else {
         return;
     };
+    let align_log2 = layout.align().trailing_zeros() as u8;
+    if kind == KIND_BASIC {
+        if let guard::Target::Buffer(buf) = target {
+            if buf.push(addr, index as u32, granted, layout.size(), align_log2) {
+                return;
+            }
+        }
+    }
     let frames = (word >> 8) as u8;
     let (weight, sampled, frames) = match kind {
         KIND_BASIC => (1.0, false, 0),
@@ -331,7 +424,7 @@ fn insert(
             weight,
             thread: guard::thread_id(),
             stack,
-            align_log2: layout.align().trailing_zeros() as u8,
+            align_log2,
             sampled,
             timed: kind != KIND_BASIC,
             site: 0,
@@ -368,11 +461,19 @@ fn forget(reg: &'static Registration, mut word: u64, addr: usize) {
         return;
     }
     if let Some(index) = reg.index() {
+        let me = guard::current_buffer();
+        // SAFETY: a non-null buffer pointer from this thread's state is its claimed buffer,
+        // never freed.
+        if let Some(buf) = unsafe { me.as_ref() } {
+            if buf.take_own(addr, index as u32).is_some() {
+                return;
+            }
+        }
         let key = Key {
             addr,
             alloc: index as u32,
         };
-        table::remove(key, clock::ticks);
+        table::remove(key, clock::ticks, me);
     }
 }
 
@@ -388,19 +489,39 @@ fn take(reg: &'static Registration, mut word: u64, addr: usize) -> Option<Taken>
         addr,
         alloc: reg.index()? as u32,
     };
-    table::take(key).map(|rec| Taken { key, rec })
+    let me = guard::current_buffer();
+    // SAFETY: as in `forget`.
+    if let Some(buf) = unsafe { me.as_ref() } {
+        if let Some(e) = buf.take_own(key.addr, key.alloc) {
+            let rec = e.rec(guard::thread_id());
+            return Some(Taken {
+                key,
+                rec,
+                from_buffer: true,
+            });
+        }
+    }
+    table::take(key, me).map(|(rec, from_buffer)| Taken {
+        key,
+        rec,
+        from_buffer,
+    })
 }
 
 #[inline(never)]
 fn put_back(taken: Taken, new: Option<(NonNull<u8>, usize)>, new_size: usize) {
-    let Taken { mut key, mut rec } = taken;
+    let Taken {
+        mut key,
+        mut rec,
+        from_buffer,
+    } = taken;
     let old_size = rec.size;
     if let Some((ptr, granted)) = new {
         key.addr = ptr.as_ptr() as usize;
         rec.size = granted;
         rec.requested = new_size;
     }
-    table::put_resized(key, rec, old_size);
+    table::put_resized(key, rec, old_size, from_buffer);
 }
 
 /// Live records in the whole table (all allocators).

@@ -26,6 +26,8 @@ pub struct Record {
     /// The OS id of the allocating thread.
     pub thread: u32,
     /// When the block was allocated, in microseconds since records were first turned on.
+    /// Coarse for `Basic` records: it is their thread's last clock read, taken at most 32 of
+    /// its record operations earlier (so after the thread idled, possibly much earlier).
     pub time_us: u64,
     /// How many blocks this record stands for: 1, or `1/p` for a sampled record.
     pub weight: f64,

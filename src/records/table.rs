@@ -1,4 +1,5 @@
-//! The record table: every live record, keyed by (address, allocator), in 64 shards.
+//! The record table: every live record that is not waiting in a thread's buffer (see
+//! [`buffer`]), keyed by (address, allocator), in 64 shards.
 //!
 //! Each shard is a `hashbrown` map behind an allocation-free [`SpinLock`], on a cache line
 //! of its own; the shard is chosen by a hash of the address, so threads recording unrelated
@@ -17,9 +18,10 @@
 //! No lock here is ever held while calling anything that could allocate through the global
 //! allocator, so recording cannot deadlock with the allocator it records.
 
+use super::buffer::{self, Buf, SiteTotals};
 use super::heap::Internal;
 use super::map::{AddrMap, hash_parts};
-use crate::sync::SpinLock;
+use crate::sync::{SpinGuard, SpinLock};
 use allocator_api2::vec::Vec as IVec;
 use core::hash::{BuildHasher, Hasher};
 use core::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
@@ -106,6 +108,35 @@ impl SiteStats {
         self.live_blocks -= rec.weight;
         if rec.timed {
             self.freed_lifetime_ticks += rec.weight * now().saturating_sub(rec.time) as i64 as f64;
+        }
+    }
+
+    /// A record that left a thread's buffer for the table: its allocation was counted in
+    /// the buffer's totals, its live bytes now count here.
+    #[inline(always)]
+    fn published(&mut self, rec: &Rec) {
+        self.live_bytes += rec.bytes();
+        self.live_blocks += rec.weight;
+        self.peak();
+    }
+
+    /// A record taken from a thread's buffer by a realloc, put back here at its new size
+    /// (the buffer no longer counts it live; the growth counts as allocated).
+    fn moved_in(&mut self, rec: &Rec, old_size: usize) {
+        let delta = rec.weight * (rec.size as i64 as f64 - old_size as i64 as f64);
+        if delta > 0.0 {
+            self.total_bytes += delta;
+        }
+        self.live_bytes += rec.bytes();
+        self.live_blocks += rec.weight;
+        self.peak();
+    }
+
+    #[inline(always)]
+    fn peak(&mut self) {
+        if self.live_bytes >= self.max_bytes {
+            self.max_bytes = self.live_bytes;
+            self.max_blocks = self.live_blocks;
         }
     }
 
@@ -327,13 +358,18 @@ fn insert_failed(addr: usize, sampled: bool) {
     DROPPED.fetch_add(1, Relaxed);
 }
 
-/// Removes the record of a freed block, if there is one; `now` is the tick count.
+/// Removes the record of a freed block, if there is one; `now` is the tick count. When
+/// the table has none, it may be in another thread's buffer (`me` is the caller's own,
+/// already searched): see [`buffer`].
 #[inline]
-pub(crate) fn remove(key: Key, now: impl FnOnce() -> u64) -> Option<Rec> {
+pub(crate) fn remove(key: Key, now: impl FnOnce() -> u64, me: *const Buf) -> Option<Rec> {
     let h = hash_key(&key);
     let mut guard = shard_for(h).lock();
     let shard = &mut *guard;
-    let rec = shard.records.remove(h, key.addr, key.alloc)?;
+    let Some(rec) = shard.records.remove(h, key.addr, key.alloc) else {
+        // Still under the shard lock, so a buffered record cannot move into the table.
+        return buffer::take_from_others(key, me);
+    };
     shard.sites[rec.site as usize].1.freed(&rec, now);
     drop(guard);
     if rec.sampled {
@@ -342,19 +378,25 @@ pub(crate) fn remove(key: Key, now: impl FnOnce() -> u64) -> Option<Rec> {
     Some(rec)
 }
 
-/// Takes a record out for a realloc, without counting a free (see [`put_resized`]).
-pub(crate) fn take(key: Key) -> Option<Rec> {
+/// Takes a record out for a realloc, without counting a free (see [`put_resized`]); the
+/// flag tells whether it came from a thread's buffer.
+pub(crate) fn take(key: Key, me: *const Buf) -> Option<(Rec, bool)> {
     let h = hash_key(&key);
-    let rec = shard_for(h).lock().records.remove(h, key.addr, key.alloc)?;
+    let mut guard = shard_for(h).lock();
+    let Some(rec) = guard.records.remove(h, key.addr, key.alloc) else {
+        return buffer::take_from_others(key, me).map(|rec| (rec, true));
+    };
+    drop(guard);
     if rec.sampled {
         filter_remove(key.addr);
     }
-    Some(rec)
+    Some((rec, false))
 }
 
-/// Puts back a record taken with [`take`], at its block's new key and size
-/// (`old_size` is the granted size it had), counting the change in its site.
-pub(crate) fn put_resized(key: Key, mut rec: Rec, old_size: usize) {
+/// Puts back a record taken with [`take`] (or from the caller's buffer: `from_buffer`), at
+/// its block's new key and size (`old_size` is the granted size it had), counting the
+/// change in its site.
+pub(crate) fn put_resized(key: Key, mut rec: Rec, old_size: usize, from_buffer: bool) {
     let h = hash_key(&key);
     if rec.sampled {
         filter_add(key.addr);
@@ -370,7 +412,73 @@ pub(crate) fn put_resized(key: Key, mut rec: Rec, old_size: usize) {
         drop(guard);
         return insert_failed(key.addr, rec.sampled);
     }
-    shard.sites[site as usize].1.resized(&rec, old_size);
+    let stats = &mut shard.sites[site as usize].1;
+    if from_buffer {
+        stats.moved_in(&rec, old_size);
+    } else {
+        stats.resized(&rec, old_size);
+    }
+}
+
+/// Moves a buffered record into the table: under its shard lock, `leave` takes it out of
+/// the buffer, or refuses (`false`, nothing published). Returns what `leave` said. A
+/// record the table has no room for is dropped and counted.
+pub(crate) fn publish_with(key: Key, mut rec: Rec, leave: impl FnOnce() -> bool) -> bool {
+    let h = hash_key(&key);
+    let mut guard = shard_for(h).lock();
+    if !leave() {
+        return false;
+    }
+    let shard = &mut *guard;
+    let Some(site) = shard.site(site_key(key.alloc, rec.stack)) else {
+        drop(guard);
+        insert_failed(key.addr, false);
+        return true;
+    };
+    rec.site = site;
+    if !shard.records.insert(h, key.addr, key.alloc, rec) {
+        drop(guard);
+        insert_failed(key.addr, false);
+        return true;
+    }
+    shard.sites[site as usize].1.published(&rec);
+    true
+}
+
+/// Adds a retired buffer's totals for one allocator to the table (its records were moved
+/// in already). Maxima add up, an upper bound as across shards.
+pub(crate) fn merge_retired(t: SiteTotals) {
+    let key = site_key(t.alloc, 0);
+    let mut guard = TABLE[(hash_word(key) >> 32) as usize % SHARDS].0.lock();
+    let shard = &mut *guard;
+    let Some(site) = shard.site(key) else {
+        DROPPED.fetch_add(1, Relaxed);
+        return;
+    };
+    shard.sites[site as usize].1.merge(&buffer_site(t, 0, 0));
+}
+
+/// A buffer's totals as site statistics, with its live records' bytes and blocks.
+pub(crate) fn buffer_site(t: SiteTotals, live_bytes: u64, live_blocks: u64) -> SiteStats {
+    SiteStats {
+        total_bytes: t.total_bytes as f64,
+        total_blocks: t.total_blocks as f64,
+        live_bytes: live_bytes as f64,
+        live_blocks: live_blocks as f64,
+        max_bytes: t.max_bytes as f64,
+        max_blocks: t.max_blocks as f64,
+        freed_lifetime_ticks: 0.0,
+    }
+}
+
+/// Holds every shard lock while `f` runs: readers that must see each record exactly
+/// once while records move between the buffers and the table.
+fn with_all_locked<R>(f: impl FnOnce(&mut [Option<SpinGuard<'static, Shard>>; SHARDS]) -> R) -> R {
+    let mut guards: [Option<SpinGuard<'static, Shard>>; SHARDS] = [const { None }; SHARDS];
+    for (g, padded) in guards.iter_mut().zip(&TABLE) {
+        *g = Some(padded.0.lock());
+    }
+    f(&mut guards)
 }
 
 /// Records dropped so far for lack of memory.
@@ -387,54 +495,90 @@ pub(crate) struct Copy {
     pub(crate) incomplete: bool,
 }
 
-/// Copies every record and site total.
+/// Copies every record and site total, the buffered ones included.
 pub(crate) fn copy() -> Copy {
     let mut out = Copy {
         records: IVec::new_in(Internal),
         sites: HashMap::with_hasher_in(BuildFold, Internal),
         incomplete: false,
     };
-    for padded in &TABLE {
-        let shard = padded.0.lock();
-        if out.records.try_reserve(shard.records.len()).is_err()
-            || out.sites.try_reserve(shard.sites.len()).is_err()
-        {
-            out.incomplete = true;
-            continue;
+    with_all_locked(|shards| {
+        for shard in shards.iter().flatten() {
+            if out.records.try_reserve(shard.records.len()).is_err()
+                || out.sites.try_reserve(shard.sites.len()).is_err()
+            {
+                out.incomplete = true;
+                continue;
+            }
+            out.records.extend(shard.records.iter().map(|e| {
+                let key = Key {
+                    addr: e.addr,
+                    alloc: e.alloc,
+                };
+                (key, e.value)
+            }));
+            for (k, s) in shard.sites.iter() {
+                out.sites.entry(*k).or_default().merge(s);
+            }
         }
-        out.records.extend(shard.records.iter().map(|e| {
-            let key = Key {
-                addr: e.addr,
-                alloc: e.alloc,
-            };
-            (key, e.value)
-        }));
-        for (k, s) in shard.sites.iter() {
-            out.sites.entry(*k).or_default().merge(s);
-        }
-    }
+        let incomplete = core::cell::Cell::new(out.incomplete);
+        let Copy { records, sites, .. } = &mut out;
+        buffer::copy_all(
+            |key, rec| {
+                if records.try_reserve(1).is_ok() {
+                    records.push((key, rec));
+                } else {
+                    incomplete.set(true);
+                }
+            },
+            |t, bytes, blocks| {
+                if sites.try_reserve(1).is_ok() {
+                    let s = buffer_site(t, bytes, blocks);
+                    sites.entry(site_key(t.alloc, 0)).or_default().merge(&s);
+                } else {
+                    incomplete.set(true);
+                }
+            },
+        );
+        out.incomplete = incomplete.get();
+    });
     out
 }
 
 /// Counts the live records (for tests and summaries).
 pub(crate) fn live_records() -> usize {
-    TABLE.iter().map(|p| p.0.lock().records.len()).sum()
+    with_all_locked(|shards| {
+        let mut n: usize = shards.iter().flatten().map(|s| s.records.len()).sum();
+        buffer::copy_all(|_, _| n += 1, |_, _, _| {});
+        n
+    })
 }
 
 /// Records, granted bytes and requested bytes of one allocator, without allocating.
 pub(crate) fn totals_of(alloc: u32) -> (usize, usize, usize) {
-    let mut totals = (0, 0, 0);
-    for padded in &TABLE {
-        let shard = padded.0.lock();
-        for e in shard.records.iter() {
-            if e.alloc == alloc {
-                totals.0 += 1;
-                totals.1 += e.value.size;
-                totals.2 += e.value.requested;
+    with_all_locked(|shards| {
+        let mut totals = (0, 0, 0);
+        for shard in shards.iter().flatten() {
+            for e in shard.records.iter() {
+                if e.alloc == alloc {
+                    totals.0 += 1;
+                    totals.1 += e.value.size;
+                    totals.2 += e.value.requested;
+                }
             }
         }
-    }
-    totals
+        buffer::copy_all(
+            |key, rec| {
+                if key.alloc == alloc {
+                    totals.0 += 1;
+                    totals.1 += rec.size;
+                    totals.2 += rec.requested;
+                }
+            },
+            |_, _, _| {},
+        );
+        totals
+    })
 }
 
 /// Takes every shard lock (before `fork`).
@@ -546,11 +690,12 @@ mod tests {
         let k = |addr| Key { addr, alloc };
         insert(k(0x1000), rec(64, 1.0, 7, 5));
         insert(k(0x2000), rec(48, 1.0, 7, 6));
-        let moved = take(k(0x1000)).unwrap();
+        let (moved, from_buffer) = take(k(0x1000), core::ptr::null()).unwrap();
+        assert!(!from_buffer);
         let mut grown = moved;
         grown.size = 128;
-        put_resized(k(0x3000), grown, moved.size);
-        assert!(remove(k(0x1000), || 0).is_none());
+        put_resized(k(0x3000), grown, moved.size, false);
+        assert!(remove(k(0x1000), || 0, core::ptr::null()).is_none());
         let copy = copy();
         let mine: Vec<_> = copy
             .records
@@ -565,8 +710,8 @@ mod tests {
         assert_eq!(site.live_bytes, 176.0);
         assert_eq!(site.live_blocks, 2.0);
         assert_eq!(site.total_blocks, 2.0);
-        assert!(remove(k(0x2000), || 10).is_some());
-        assert!(remove(k(0x3000), || 10).is_some());
+        assert!(remove(k(0x2000), || 10, core::ptr::null()).is_some());
+        assert!(remove(k(0x3000), || 10, core::ptr::null()).is_some());
         assert_eq!(
             copy_site(alloc, 7).map(|s| (s.live_bytes, s.live_blocks)),
             Some((0.0, 0.0))
