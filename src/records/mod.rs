@@ -424,7 +424,7 @@ fn insert(
             weight,
             thread: guard::thread_id(),
             stack,
-            align_log2,
+            align_log2: layout.align().trailing_zeros() as u8,
             sampled,
             timed: kind != KIND_BASIC,
             site: 0,
