@@ -128,6 +128,19 @@ const NO_SLOT: u32 = 0xFFFF;
 /// pending bytes were published); cleared when calls go back to the shards.
 const EXACT: u32 = 1 << 16;
 
+/// A shard slot below [`SLOTS`], as [`Counters::fast_slot`] found it.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot(usize);
+
+impl Slot {
+    /// This slot's shard in `set`.
+    #[inline(always)]
+    fn of(self, set: &ShardSet) -> &Shard {
+        // SAFETY: a `Slot` is only made from a slot below `SLOTS`.
+        unsafe { set.get_unchecked(self.0) }
+    }
+}
+
 /// A wrapping byte total read as a count: a negative one (a blend of instants, or a free
 /// counted before its allocation was published) reads as zero.
 #[inline]
@@ -216,22 +229,47 @@ impl Counters {
         }
     }
 
-    /// Runs `op` on the calling thread's shard in the common case: no budget, a slot, and a
-    /// registered, live thread cache. `false`: not counted; try
-    /// [`count_in_shard_slow`](Self::count_in_shard_slow). Kept to one branch per condition
-    /// and no calls, so it inlines into the allocator's paths.
+    /// The shard slot a call counts in on the fast path: the allocator has a slot and no
+    /// budget. `None`: take the slow path ([`count_allocation`](Self::count_allocation) and
+    /// friends). Two loads and two compares; a child claims its slot only once registered,
+    /// so a slot here also means the child is in the registry.
     #[inline(always)]
-    fn count_in_shard(&'static self, budget: &Budget, op: impl FnOnce(&Shard)) -> bool {
+    pub(crate) fn fast_slot(&self, budget: &Budget) -> Option<Slot> {
         // Acquire: the slot's owner record (see `claim_slot`) happens before our counts.
         let slot = slot_of(self.route.load(Acquire));
-        if budget.is_set() || slot >= SLOTS {
+        (slot < SLOTS && !budget.is_set()).then_some(Slot(slot))
+    }
+
+    /// Counts an allocation in the calling thread's shard of `slot`. `false`: the thread's
+    /// cache is not registered yet or already retired; nothing was counted.
+    #[inline(always)]
+    pub(crate) fn shard_allocate(
+        &'static self,
+        slot: Slot,
+        granted: usize,
+        requested: usize,
+    ) -> bool {
+        thread_cache::with_active_shards(|set| slot.of(set).allocate(self, granted, requested))
+            .is_some()
+    }
+
+    /// Counts a free in the calling thread's shard of `slot`, as
+    /// [`shard_allocate`](Self::shard_allocate).
+    #[inline(always)]
+    pub(crate) fn shard_free(&'static self, slot: Slot, granted: usize, requested: usize) -> bool {
+        thread_cache::with_active_shards(|set| slot.of(set).free(self, granted, requested))
+            .is_some()
+    }
+
+    /// Runs `op` on the calling thread's shard in the common case: no budget, a slot, and a
+    /// registered, live thread cache. `false`: not counted; try
+    /// [`count_in_shard_slow`](Self::count_in_shard_slow).
+    #[inline(always)]
+    fn count_in_shard(&'static self, budget: &Budget, op: impl FnOnce(&Shard)) -> bool {
+        let Some(slot) = self.fast_slot(budget) else {
             return false;
-        }
-        thread_cache::with_active_shards(|set| {
-            // SAFETY: `slot < SLOTS`.
-            op(unsafe { set.get_unchecked(slot) })
-        })
-        .is_some()
+        };
+        thread_cache::with_active_shards(|set| op(slot.of(set))).is_some()
     }
 
     /// [`count_in_shard`](Self::count_in_shard) for everything else: a budget (switch to
