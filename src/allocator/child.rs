@@ -312,7 +312,8 @@ impl<P: BlockAllocator> Child<P> {
     unsafe fn deallocate_unrecorded(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // SAFETY: forwarded from the caller.
         let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
-        let requested = layout.size().min(granted);
+        // The contract keeps `layout.size()` within the granted size.
+        let requested = layout.size();
         let counters = self.counters();
         let budget = self.registration.budget();
         match counters.fast_slot(budget) {

@@ -40,7 +40,7 @@
 mod shard;
 
 pub(crate) use shard::ShardSet;
-use shard::{SLOTS, Shard, ShardSum};
+use shard::{SHARD_BYTES, SLOTS, Shard, ShardSum};
 
 use crate::budget::Budget;
 use crate::thread_cache;
@@ -115,20 +115,28 @@ pub struct Counters {
     reallocations: AtomicU64,
     over_budget: AtomicU64,
     budget_failures: AtomicU64,
-    /// How calls are counted: the shard slot + 1 in the low bits (0: not chosen yet,
-    /// [`NO_SLOT`]: none left), and [`EXACT`] while a budget routes calls to the atomics.
+    /// How calls are counted: in the low bits, where the allocator's shard sits in a
+    /// thread's [`ShardSet`] (its slot times [`SHARD_BYTES`], so the fast path adds it to
+    /// the set's address with no multiply; [`UNSET`] before a slot is chosen, [`NO_SLOT`]
+    /// when none is left), and [`EXACT`] while a budget routes calls to the atomics.
     route: AtomicU32,
 }
 
 /// The slot bits of [`Counters::route`].
 const SLOT_MASK: u32 = 0xFFFF;
+/// Slot bits before the allocator's first counted call has chosen a slot.
+const UNSET: u32 = 0xFFFE;
 /// Slot bits of an allocator that found no free slot.
 const NO_SLOT: u32 = 0xFFFF;
+/// Slot bits below this are a slot's shard offset: a route below it is the fast path.
+const SLOT_BITS_END: u32 = (SLOTS * SHARD_BYTES) as u32;
+const _: () = assert!(SLOTS * SHARD_BYTES < UNSET as usize);
 /// Set once a budget has moved the allocator to the shared atomics (and its shards'
 /// pending bytes were published); cleared when calls go back to the shards.
 const EXACT: u32 = 1 << 16;
 
-/// A shard slot below [`SLOTS`], as [`Counters::fast_slot`] found it.
+/// A slot's shard offset (slot below [`SLOTS`] times [`SHARD_BYTES`]), as
+/// [`Counters::fast_slot`] found it in the route.
 #[derive(Clone, Copy)]
 pub(crate) struct Slot(usize);
 
@@ -136,9 +144,16 @@ impl Slot {
     /// This slot's shard in `set`.
     #[inline(always)]
     fn of(self, set: &ShardSet) -> &Shard {
-        // SAFETY: a `Slot` is only made from a slot below `SLOTS`.
-        unsafe { set.get_unchecked(self.0) }
+        // SAFETY: a `Slot` is only made from route bits below `SLOT_BITS_END`, which are
+        // only ever set to `slot_bits` of a slot below `SLOTS`.
+        unsafe { set.at_offset(self.0) }
     }
+}
+
+/// The route bits of `slot` (below [`SLOTS`]).
+#[inline]
+fn slot_bits(slot: usize) -> u32 {
+    (slot * SHARD_BYTES) as u32
 }
 
 /// A wrapping byte total read as a count: a negative one (a blend of instants, or a free
@@ -151,7 +166,11 @@ fn non_negative(bytes: usize) -> usize {
 /// The shard slot in `route`, or a number `>= SLOTS` when there is none to use.
 #[inline(always)]
 fn slot_of(route: u32) -> usize {
-    (route as usize).wrapping_sub(1)
+    if route < SLOT_BITS_END {
+        route as usize / SHARD_BYTES
+    } else {
+        usize::MAX
+    }
 }
 
 impl Counters {
@@ -172,7 +191,7 @@ impl Counters {
             reallocations: AtomicU64::new(0),
             over_budget: AtomicU64::new(0),
             budget_failures: AtomicU64::new(0),
-            route: AtomicU32::new(0),
+            route: AtomicU32::new(UNSET),
         }
     }
 
@@ -211,14 +230,14 @@ impl Counters {
                 self.route.fetch_and(!EXACT, Relaxed);
                 continue;
             }
-            if bits != 0 {
+            if bits != UNSET {
                 return Some(slot_of(bits));
             }
             let claimed = shard::claim_slot(self);
-            let bits = claimed.map_or(NO_SLOT, |slot| slot as u32 + 1);
+            let bits = claimed.map_or(NO_SLOT, slot_bits);
             if self
                 .route
-                .compare_exchange(route, route | bits, Release, Relaxed)
+                .compare_exchange(route, (route & !SLOT_MASK) | bits, Release, Relaxed)
                 .is_err()
             {
                 // Another thread chose first (or the mode changed): look again.
@@ -236,8 +255,8 @@ impl Counters {
     #[inline(always)]
     pub(crate) fn fast_slot(&self, budget: &Budget) -> Option<Slot> {
         // Acquire: the slot's owner record (see `claim_slot`) happens before our counts.
-        let slot = slot_of(self.route.load(Acquire));
-        (slot < SLOTS && !budget.is_set()).then_some(Slot(slot))
+        let bits = self.route.load(Acquire);
+        (bits < SLOT_BITS_END && !budget.is_set()).then_some(Slot(bits as usize))
     }
 
     /// Counts an allocation in the calling thread's shard of `slot`. `false`: the thread's
