@@ -349,6 +349,9 @@ impl<P: BlockAllocator> Child<P> {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)> {
+        // Already registered by the block's allocation; kept so that a slot is only ever
+        // claimed by a registered child (what the fast path relies on).
+        self.registration.register();
         let taken = records::before_realloc(self.registration, ptr);
         // SAFETY: forwarded from the caller.
         let result = unsafe { self.reallocate_unrecorded(ptr, layout, new_size) };
