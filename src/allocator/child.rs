@@ -243,7 +243,7 @@ impl<P: BlockAllocator> Child<P> {
         if !counters.shard_allocate(slot, block.size, layout.size()) {
             return self.account_recorded(block, layout);
         }
-        records::after_alloc(self.registration, block.ptr, layout, block.size);
+        self.after_alloc(block, layout);
         Some(block)
     }
 
@@ -258,7 +258,7 @@ impl<P: BlockAllocator> Child<P> {
         if !counters.shard_allocate(slot, block.size, layout.size()) {
             return self.account_recorded(block, layout);
         }
-        records::after_alloc(self.registration, block.ptr, layout, block.size);
+        self.after_alloc(block, layout);
         Some(block)
     }
 
@@ -301,9 +301,35 @@ impl<P: BlockAllocator> Child<P> {
     pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // The record leaves before the block does, so no other thread can have reused
         // the address and recorded it yet.
-        records::before_free(self.registration, ptr);
+        if self.registration.records().word() != 0 {
+            self.before_free(ptr);
+        }
         // SAFETY: forwarded from the caller.
         unsafe { self.deallocate_unrecorded(ptr, layout) }
+    }
+
+    /// Records a new block (see [`records::after_alloc`]). A records word of zero (records
+    /// off and never on: the default) has nothing to do, so the fast path tests the word
+    /// for zero (one compare with memory) and leaves the rest out of line.
+    #[inline(always)]
+    fn after_alloc(self, block: Allocation, layout: Layout) {
+        if self.registration.records().word() != 0 {
+            self.after_alloc_hooked(block, layout);
+        }
+    }
+
+    /// Out of line: the allocation path keeps its registers for the common case (records
+    /// on pay one call).
+    #[inline(never)]
+    fn after_alloc_hooked(self, block: Allocation, layout: Layout) {
+        records::after_alloc(self.registration, block.ptr, layout, block.size);
+    }
+
+    /// [`records::before_free`], behind the same test as [`after_alloc`](Self::after_alloc)
+    /// and out of line for the same reason.
+    #[inline(never)]
+    fn before_free(self, ptr: NonNull<u8>) {
+        records::before_free(self.registration, ptr);
     }
 
     /// # Safety
