@@ -8,8 +8,17 @@
 //! Parents are [`BlockAllocator`]s: the [`SystemAllocator`] and every declared allocator
 //! (so a child can have a child). Each call reports the granted size to the caller, and a
 //! free returns the granted size it released: the bottom of the chain asks the heap once
-//! (`usable_size`), and every child on the way up subtracts exactly what it once added,
-//! whatever size between requested and granted the caller passes back.
+//! (a table load for small requests, `usable_size` otherwise), and every child on the way
+//! up subtracts exactly what it once added, whatever size between requested and granted
+//! the caller passes back.
+//!
+//! The fast path, which is what a child costs over its parent: before the parent's call,
+//! the route word says the allocator has a shard slot (claimed only once it is
+//! registered) and the budget is unset; after it, the thread's cache is live, and the block
+//! is counted in the thread's shard with owner-only loads and stores (see
+//! [`Counters`]); records cost one compare of the records word with zero. Every
+//! other case (first call, budget, no slot, a thread's first or last calls, records on)
+//! leaves the fast path for code kept out of line.
 
 use crate::budget::BudgetEvent;
 use crate::records;

@@ -10,6 +10,11 @@
 //! blocks are freed on other threads than the ones that allocated them (a shard's byte
 //! figures may then be negative; the sums are right).
 //!
+//! A call counts in its shard when the allocator's *route* word holds a shard slot (as the
+//! shard's byte offset in a thread's set, so the fast path needs no arithmetic) and no
+//! budget is set: two loads and two compares before the shard is reached (see
+//! [`Counters::fast_slot`]).
+//!
 //! The shared atomics (one read-modify-write per figure) are used instead:
 //! - while the allocator has a budget ([`Budget`]): the budget check needs the exact live
 //!   figure at every allocation. The first call that sees a new budget publishes every
