@@ -240,8 +240,8 @@ impl<P: BlockAllocator> Child<P> {
     /// The common case is one check before the parent's call (the allocator has a shard
     /// slot, which it claims only once registered, and no budget) and one after it (the
     /// thread's cache is live): the block is then counted in this thread's shard. Anything
-    /// else (the first call, a budget, a thread's first or last calls) takes
-    /// [`allocate_slow`](Self::allocate_slow).
+    /// else (the first call, a budget, a thread's first or last calls) takes a slow path
+    /// kept out of line.
     #[inline(always)]
     pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
