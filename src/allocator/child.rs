@@ -350,8 +350,7 @@ impl<P: BlockAllocator> Child<P> {
         // The contract keeps `layout.size()` within the granted size.
         let requested = layout.size();
         let counters = self.counters();
-        let budget = self.registration.budget();
-        match counters.fast_slot(budget) {
+        match counters.free_slot() {
             Some(slot) if counters.shard_free(slot, granted, requested) => {}
             _ => self.count_free_slow(granted, requested),
         }

@@ -17,9 +17,11 @@
 //!
 //! The shared atomics (one read-modify-write per figure) are used instead:
 //! - while the allocator has a budget ([`Budget`]): the budget check needs the exact live
-//!   figure at every allocation. The first call that sees a new budget publishes every
-//!   thread's pending bytes (see below) before it checks, so the budget is as exact as
-//!   before for every call that starts after the budget is set. A call running on another
+//!   figure at every allocation. The first allocation or resize that sees a new budget
+//!   publishes every thread's pending bytes (see below) before it checks, so the budget is
+//!   as exact as before for every call that starts after the budget is set (frees do not
+//!   look at the budget: until that first allocation they count in shards, which it
+//!   publishes; after it the route sends them to the atomics too). A call running on another
 //!   thread at that very moment may reach the shared figure only at that thread's next
 //!   call through the allocator (snapshots count it at once);
 //! - by allocators beyond the first [`SLOTS`](shard::SLOTS) that count (no slot left);
@@ -262,6 +264,19 @@ impl Counters {
         // Acquire: the slot's owner record (see `claim_slot`) happens before our counts.
         let bits = self.route.load(Acquire);
         (bits < SLOT_BITS_END && !budget.is_set()).then_some(Slot(bits as usize))
+    }
+
+    /// The shard slot a free counts in on the fast path: the route alone, no budget check.
+    ///
+    /// Frees need no budget check of their own: the first allocation that sees a new
+    /// budget publishes every thread's shard before its own check (see `enter_exact`), so
+    /// frees counted in shards until then are in the figure it checks; from then on the
+    /// route says exact and frees take the slow path too, until the budget is removed.
+    #[inline(always)]
+    pub(crate) fn free_slot(&self) -> Option<Slot> {
+        // Acquire: as in `fast_slot`.
+        let bits = self.route.load(Acquire);
+        (bits < SLOT_BITS_END).then_some(Slot(bits as usize))
     }
 
     /// Counts an allocation in the calling thread's shard of `slot`. `false`: the thread's
