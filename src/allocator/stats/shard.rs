@@ -94,6 +94,8 @@ pub(crate) const SHARD_BYTES: usize = size_of::<Shard>();
 
 /// One thread's counts for one allocator. Byte figures are wrapping sums of signed changes
 /// (a thread that frees blocks another allocated goes "negative"); event counts only grow.
+/// A cache line each, so a call's counts never straddle two lines.
+#[repr(align(64))]
 pub(crate) struct Shard {
     /// Granted bytes added minus removed by this thread (owner-written).
     granted: AtomicUsize,
