@@ -586,7 +586,7 @@ impl Default for Counters {
 #[cfg(test)]
 mod tests {
     use super::shard::{PUBLISH_BYTES, SLOTS};
-    use super::{Counters, slot_of};
+    use super::{Counters, EXACT, NO_SLOT, SLOT_BITS_END, UNSET, slot_bits, slot_of};
     use crate::budget::{Budget, BudgetMode};
     use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
     use std::sync::{Barrier, mpsc};
@@ -917,6 +917,51 @@ mod tests {
         assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
         assert_eq!((st.allocations, st.frees), (3, 3));
         assert!(has_slot(c));
+    }
+
+    #[test]
+    fn miri_route_bits_name_a_slot_only_for_a_claimed_slot() {
+        for slot in 0..SLOTS {
+            let bits = slot_bits(slot);
+            assert!(bits < SLOT_BITS_END);
+            assert_eq!(slot_of(bits), slot);
+            assert!(slot_of(bits | EXACT) >= SLOTS);
+        }
+        for bits in [UNSET, NO_SLOT, EXACT | UNSET, EXACT | NO_SLOT] {
+            assert!(bits >= SLOT_BITS_END && slot_of(bits) >= SLOTS);
+        }
+        // A new allocator's calls take the slow path (which claims a slot).
+        let c = Counters::new();
+        assert!(c.fast_slot(&NO_BUDGET).is_none() && c.free_slot().is_none());
+    }
+
+    static ROUTED: Counters = Counters::new();
+    static ROUTED_BUDGET: Budget = Budget::new();
+
+    #[test]
+    fn a_budget_stops_fast_allocations_and_frees_follow_the_route() {
+        let c = &ROUTED;
+        assert!(
+            alloc(c, &ROUTED_BUDGET, 64, 60),
+            "claims a slot, counts in the shard"
+        );
+        assert!(c.fast_slot(&ROUTED_BUDGET).is_some() && c.free_slot().is_some());
+        ROUTED_BUDGET.set(Some(1 << 20), BudgetMode::Warn);
+        // Allocations see the budget at once; frees only once an allocation switched the
+        // route (publishing every shard).
+        assert!(c.fast_slot(&ROUTED_BUDGET).is_none());
+        assert!(c.free_slot().is_some());
+        assert!(!alloc(c, &ROUTED_BUDGET, 64, 60), "counted exactly");
+        assert!(c.free_slot().is_none());
+        assert_eq!(shared(c).0, 128, "the shard's bytes were published");
+        c.count_free(&ROUTED_BUDGET, 64, 60);
+        ROUTED_BUDGET.set(None, BudgetMode::Warn);
+        c.count_free(&ROUTED_BUDGET, 64, 60);
+        assert!(c.fast_slot(&ROUTED_BUDGET).is_some() && c.free_slot().is_some());
+        let st = c.snapshot();
+        assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
+        assert_eq!(st.live_requested_bytes, Some(0));
+        assert_eq!((st.allocations, st.frees), (2, 2));
     }
 
     #[test]
