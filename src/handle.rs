@@ -406,7 +406,7 @@ macro_rules! allocator {
                 fn registration() -> &'static $crate::Registration {
                     &REGISTRATION
                 }
-                #[inline]
+                #[inline(always)]
                 fn allocate_block(
                     self,
                     layout: ::core::alloc::Layout,
@@ -420,7 +420,7 @@ macro_rules! allocator {
                 ) -> ::core::option::Option<$crate::schema::Allocation> {
                     Self::__tagalloc_child().allocate_zeroed(layout)
                 }
-                #[inline]
+                #[inline(always)]
                 unsafe fn deallocate_block(
                     self,
                     ptr: ::core::ptr::NonNull<u8>,

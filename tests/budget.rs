@@ -133,3 +133,61 @@ fn a_budget_set_later_counts_bytes_other_threads_allocated_before() {
     assert!(st.peak_granted_bytes.unwrap() >= 10_000);
     assert!(st.peak_granted_bytes.unwrap() < 15_000);
 }
+
+tagalloc::allocator!(FreedMeanwhile: child of SystemAllocator, "budget: frees before it is seen");
+
+/// A block allocated on one thread and handed to another.
+struct Sent(std::ptr::NonNull<u8>);
+// SAFETY: the block is owned by whoever holds this value; the allocator is thread-safe.
+unsafe impl Send for Sent {}
+
+#[test]
+fn frees_after_a_new_budget_and_before_any_allocation_sees_it_are_in_its_check() {
+    // Frees do not look at the budget: the first allocation that sees it publishes every
+    // thread's shard first. Here a block allocated on this thread is freed on another
+    // (live) thread after the budget is set, before any allocation: its bytes must be gone
+    // from the figure that allocation checks.
+    let big = Layout::from_size_align(10_000, 8).unwrap();
+    let small = Layout::from_size_align(8_000, 8).unwrap();
+    let step = std::sync::Barrier::new(2);
+    let (to_other, from_main) = std::sync::mpsc::channel::<Sent>();
+    let (first, second) = std::thread::scope(|s| {
+        let step = &step;
+        s.spawn(move || {
+            // A small block registers this thread's cache, so the free below is counted in
+            // the thread's shard (the path under test), not in the shared atomics.
+            let tiny = Layout::from_size_align(16, 8).unwrap();
+            let b = FreedMeanwhile.allocate(tiny).unwrap();
+            // SAFETY: allocated just above with `tiny`, freed once.
+            unsafe { FreedMeanwhile.deallocate(b.cast(), tiny) };
+            step.wait();
+            let Sent(ptr) = from_main.recv().unwrap();
+            step.wait();
+            // SAFETY: allocated by the main thread with `big`, freed once.
+            unsafe { FreedMeanwhile.deallocate(ptr, big) };
+            step.wait();
+            // Still alive while the main thread allocates.
+            step.wait();
+        });
+        step.wait();
+        let block = FreedMeanwhile.allocate(big).unwrap();
+        to_other.send(Sent(block.cast())).unwrap();
+        FreedMeanwhile.set_budget(Some(15_000), BudgetMode::Fail);
+        FreedMeanwhile::registration().budget().set_hook(|_| {});
+        step.wait();
+        step.wait();
+        // 0 live + 8 000 fits; 8 000 + 8 000 does not.
+        let first = FreedMeanwhile.allocate(small);
+        let second = FreedMeanwhile.allocate(small);
+        step.wait();
+        (first, second)
+    });
+    let first = first.expect("the other thread's free was counted before the check");
+    assert!(second.is_err(), "the budget still holds");
+    // SAFETY: allocated above with `small`, freed once.
+    unsafe { FreedMeanwhile.deallocate(first.cast(), small) };
+    let st = FreedMeanwhile.stats();
+    assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
+    assert_eq!(st.live_requested_bytes, Some(0));
+    assert_eq!((st.allocations, st.frees, st.budget_failures), (3, 3, 1));
+}

@@ -13,6 +13,10 @@ tagalloc::allocator!(Outer: child of SystemAllocator, "outer");
 tagalloc::allocator!(Inner: child of Outer, "inner");
 // Each test has its own allocators: tests in one binary run in parallel.
 tagalloc::allocator!(Probe: child of SystemAllocator, "granted-size probe");
+tagalloc::allocator!(Racer: child of SystemAllocator, "first calls race");
+tagalloc::allocator!(RacerChild: child of Racer, "first calls race, grandchild");
+tagalloc::allocator!(Bulky: child of SystemAllocator, "large-only threads");
+tagalloc::allocator!(BulkyChild: child of Bulky, "large-only threads, grandchild");
 
 const THREADS: usize = 4;
 const PER_THREAD: usize = 2_000;
@@ -120,4 +124,117 @@ fn granted_size_is_the_parents_usable_size() {
     );
     // SAFETY: allocated above with `layout`.
     unsafe { Probe.deallocate_block(block.ptr, layout) };
+}
+
+/// The figures that must come back exactly: everything but the peak.
+fn exact(s: tagalloc::AllocatorStats) -> (usize, Option<usize>, usize) {
+    (s.live_granted_bytes, s.live_requested_bytes, s.live_blocks)
+}
+
+#[test]
+fn first_calls_racing_on_many_threads_register_the_child_before_counting() {
+    // The fast path needs the child's shard slot, which is only claimed once the child
+    // (and its parent) are in the registry: racing first calls all end up counted, and the
+    // registry has parent before child.
+    assert!(!RacerChild::registration().is_registered());
+    let barrier = Barrier::new(THREADS);
+    let layout = Layout::from_size_align(24, 8).unwrap();
+    let (to_main, blocks) = mpsc::channel::<(Block, bool)>();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (barrier, to_main) = (&barrier, to_main.clone());
+            s.spawn(move || {
+                barrier.wait();
+                for i in 0..100 {
+                    let in_child = (t + i) % 2 == 0;
+                    let b = if in_child {
+                        RacerChild.allocate(layout)
+                    } else {
+                        Racer.allocate(layout)
+                    };
+                    to_main
+                        .send((Block(b.unwrap().cast(), layout), in_child))
+                        .unwrap();
+                }
+            });
+        }
+    });
+    drop(to_main);
+    let (parent, child) = (Racer::registration(), RacerChild::registration());
+    assert!(parent.is_registered() && child.is_registered());
+    assert!(parent.index().unwrap() < child.index().unwrap());
+    let (c, p) = (RacerChild.stats(), Racer.stats());
+    let n = THREADS * 100;
+    assert_eq!((c.allocations, c.live_blocks), (n as u64 / 2, n / 2));
+    assert_eq!((p.allocations, p.live_blocks), (n as u64, n));
+    assert_eq!(p.live_requested_bytes, Some(n * 24));
+    // Freed here, on a thread that allocated none of them.
+    for (Block(ptr, layout), in_child) in blocks.iter() {
+        // SAFETY: each block is live with `layout`, from the allocator `in_child` names.
+        unsafe {
+            if in_child {
+                RacerChild.deallocate(ptr, layout);
+            } else {
+                Racer.deallocate(ptr, layout);
+            }
+        }
+    }
+    for s in [RacerChild.stats(), Racer.stats()] {
+        assert_eq!(exact(s), (0, Some(0), 0));
+    }
+}
+
+#[test]
+fn threads_that_only_allocate_large_blocks_count_exactly() {
+    // A thread whose calls are all large never fills a thread-cache bin, so its cache is
+    // registered by the child's counting itself (the slow path), on the thread's first call.
+    // Blocks outlive their threads and are freed on the main thread.
+    let (outer_start, inner_start) = (exact(Bulky.stats()), exact(BulkyChild.stats()));
+    let calls_start = (BulkyChild.stats().allocations, Bulky.stats().allocations);
+    let blocks: Vec<Block> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                s.spawn(move || {
+                    (0..20)
+                        .map(|i| {
+                            let layout = Layout::from_size_align(8192 + t * 100 + i, 16).unwrap();
+                            let b = if i % 2 == 0 {
+                                BulkyChild.allocate(layout)
+                            } else {
+                                Bulky.allocate(layout)
+                            };
+                            Block(b.unwrap().cast(), layout)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        // `join` waits for the threads' exit hooks: their shards are retired.
+        threads
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let (inner, outer) = (BulkyChild.stats(), Bulky.stats());
+    assert_eq!(inner.allocations - calls_start.0, (THREADS * 10) as u64);
+    assert_eq!(outer.allocations - calls_start.1, (THREADS * 20) as u64);
+    assert_eq!(inner.live_blocks - inner_start.2, THREADS * 10);
+    assert_eq!(outer.live_blocks - outer_start.2, THREADS * 20);
+    let requested: usize = blocks.iter().map(|b| b.1.size()).sum();
+    assert_eq!(
+        outer.live_requested_bytes.unwrap() - outer_start.1.unwrap(),
+        requested
+    );
+    for (i, Block(ptr, layout)) in blocks.into_iter().enumerate() {
+        // SAFETY: allocated above with `layout`, by the allocator chosen the same way.
+        unsafe {
+            if i % 2 == 0 {
+                BulkyChild.deallocate(ptr, layout);
+            } else {
+                Bulky.deallocate(ptr, layout);
+            }
+        }
+    }
+    assert_eq!(exact(BulkyChild.stats()), inner_start);
+    assert_eq!(exact(Bulky.stats()), outer_start);
 }

@@ -8,13 +8,23 @@
 //! Parents are [`BlockAllocator`]s: the [`SystemAllocator`] and every declared allocator
 //! (so a child can have a child). Each call reports the granted size to the caller, and a
 //! free returns the granted size it released: the bottom of the chain asks the heap once
-//! (`usable_size`), and every child on the way up subtracts exactly what it once added,
-//! whatever size between requested and granted the caller passes back.
+//! (a table load for small requests, `usable_size` otherwise), and every child on the way
+//! up subtracts exactly what it once added, whatever size between requested and granted
+//! the caller passes back.
+//!
+//! The fast path, which is what a child costs over its parent: before the parent's call,
+//! the route word says the allocator has a shard slot (claimed only once it is
+//! registered) and the budget is unset; after it, the thread's cache is live, and the block
+//! is counted in the thread's shard with owner-only loads and stores (see
+//! [`Counters`]); records cost one compare of the records word with zero. Every
+//! other case (first call, budget, no slot, a thread's first or last calls, records on)
+//! leaves the fast path for code kept out of line.
 
 use crate::budget::BudgetEvent;
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::Allocation;
+use crate::schema::hpha::size_class::{MAX_SMALL, class_of, class_size};
 use crate::stats::Counters;
 use crate::system::SystemAllocator;
 use core::alloc::{GlobalAlloc, Layout};
@@ -66,8 +76,36 @@ pub unsafe trait BlockAllocator: Copy + Default + Send + Sync + 'static {
     ) -> Option<(Allocation, usize)>;
 }
 
+/// The size the heap grants a small request at alignment ≤ 8, by its size in 8-byte units:
+/// the size of its class (the same class the `SystemAllocator`'s fast path picks).
+static GRANTED_BY_UNITS: [u16; MAX_SMALL / 8 + 1] = {
+    let mut table = [0u16; MAX_SMALL / 8 + 1];
+    let mut units = 0;
+    while units <= MAX_SMALL / 8 {
+        table[units] = class_size(class_of(units * 8)) as u16;
+        units += 1;
+    }
+    table
+};
+
+/// The granted size of a live heap block of `layout`: one table load for the common small
+/// requests, so a call through [`BlockAllocator`] needs no out-of-line `usable_size`.
+///
+/// # Safety
+/// `ptr` must be a live block of the `SystemAllocator` allocated with `layout` (or a size
+/// between the one requested and the one granted, at the same alignment).
+#[inline(always)]
+unsafe fn heap_granted(ptr: NonNull<u8>, layout: Layout) -> usize {
+    if layout.size() <= MAX_SMALL && layout.align() <= 8 {
+        GRANTED_BY_UNITS[layout.size().div_ceil(8)] as usize
+    } else {
+        // SAFETY: forwarded from the caller.
+        unsafe { SystemAllocator::new().usable_size(ptr, layout) }
+    }
+}
+
 // SAFETY: the heap's blocks are valid, aligned and unaliased (GlobalAlloc's contract,
-// which SystemAllocator upholds); granted sizes come from `usable_size`, which depends only
+// which SystemAllocator upholds); granted sizes come from `heap_granted`, which depends only
 // on the block (and on the layout's size within the requested..=granted range).
 unsafe impl BlockAllocator for SystemAllocator {
     const INSTANCE: Self = SystemAllocator::new();
@@ -81,7 +119,7 @@ unsafe impl BlockAllocator for SystemAllocator {
         // SAFETY: the layout has a non-zero size (trait contract).
         let ptr = NonNull::new(unsafe { self.alloc(layout) })?;
         // SAFETY: `ptr` was just allocated with `layout`.
-        let size = unsafe { self.usable_size(ptr, layout) };
+        let size = unsafe { heap_granted(ptr, layout) };
         Some(Allocation { ptr, size })
     }
 
@@ -98,7 +136,7 @@ unsafe impl BlockAllocator for SystemAllocator {
     unsafe fn deallocate_block(self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // SAFETY: forwarded from the caller: a live block of this heap with a fitting layout.
         unsafe {
-            let granted = self.usable_size(ptr, layout);
+            let granted = heap_granted(ptr, layout);
             self.dealloc(ptr.as_ptr(), layout);
             granted
         }
@@ -114,10 +152,10 @@ unsafe impl BlockAllocator for SystemAllocator {
         // SAFETY: forwarded from the caller; on success the new block is live with
         // `new_layout` (same alignment, `new_size` bytes).
         unsafe {
-            let old = self.usable_size(ptr, layout);
+            let old = heap_granted(ptr, layout);
             let new_ptr = NonNull::new(self.realloc(ptr.as_ptr(), layout, new_size))?;
             let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
-            let size = self.usable_size(new_ptr, new_layout);
+            let size = heap_granted(new_ptr, new_layout);
             Some((Allocation { ptr: new_ptr, size }, old))
         }
     }
@@ -198,9 +236,61 @@ impl<P: BlockAllocator> Child<P> {
 
     /// Allocates through the parent, counts the block and records it; see
     /// [`BlockAllocator::allocate_block`].
-    #[inline]
+    ///
+    /// The common case is one check before the parent's call (the allocator has a shard
+    /// slot, which it claims only once registered, and no budget) and one after it (the
+    /// thread's cache is live): the block is then counted in this thread's shard. Anything
+    /// else (the first call, a budget, a thread's first or last calls) takes a slow path
+    /// kept out of line.
+    #[inline(always)]
     pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
-        let block = self.allocate_unrecorded(layout)?;
+        let counters = self.counters();
+        let Some(slot) = counters.fast_slot(self.registration.budget()) else {
+            return self.allocate_slow(layout, false);
+        };
+        let block = self.parent.allocate_block(layout)?;
+        if !counters.shard_allocate(slot, block.size, layout.size()) {
+            return self.account_recorded(block, layout);
+        }
+        self.after_alloc(block, layout);
+        Some(block)
+    }
+
+    /// Zeroed allocation; see [`BlockAllocator::allocate_block_zeroed`].
+    #[inline]
+    pub fn allocate_zeroed(&self, layout: Layout) -> Option<Allocation> {
+        let counters = self.counters();
+        let Some(slot) = counters.fast_slot(self.registration.budget()) else {
+            return self.allocate_slow(layout, true);
+        };
+        let block = self.parent.allocate_block_zeroed(layout)?;
+        if !counters.shard_allocate(slot, block.size, layout.size()) {
+            return self.account_recorded(block, layout);
+        }
+        self.after_alloc(block, layout);
+        Some(block)
+    }
+
+    /// [`allocate`](Self::allocate) off the fast path: registers the allocator (first),
+    /// then counts with [`account`](Self::account), which claims a slot or uses the shared
+    /// atomics.
+    #[cold]
+    #[inline(never)]
+    fn allocate_slow(self, layout: Layout, zeroed: bool) -> Option<Allocation> {
+        self.registration.register();
+        let block = if zeroed {
+            self.parent.allocate_block_zeroed(layout)?
+        } else {
+            self.parent.allocate_block(layout)?
+        };
+        self.account_recorded(block, layout)
+    }
+
+    /// Counts (see [`account`](Self::account)) and records a block the parent just granted.
+    #[cold]
+    #[inline(never)]
+    fn account_recorded(self, block: Allocation, layout: Layout) -> Option<Allocation> {
+        let block = self.account(block, layout)?;
         records::after_alloc(self.registration, block.ptr, layout, block.size);
         Some(block)
     }
@@ -212,41 +302,69 @@ impl<P: BlockAllocator> Child<P> {
         self.account(block, layout)
     }
 
-    /// Zeroed allocation; see [`BlockAllocator::allocate_block_zeroed`].
-    #[inline]
-    pub fn allocate_zeroed(&self, layout: Layout) -> Option<Allocation> {
-        self.registration.register();
-        let block = self.parent.allocate_block_zeroed(layout)?;
-        let block = self.account(block, layout)?;
-        records::after_alloc(self.registration, block.ptr, layout, block.size);
-        Some(block)
-    }
-
     /// Frees through the parent and uncounts the block; returns its granted size.
     ///
     /// # Safety
     /// As for [`BlockAllocator::deallocate_block`].
-    #[inline]
+    #[inline(always)]
     pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // The record leaves before the block does, so no other thread can have reused
         // the address and recorded it yet.
-        records::before_free(self.registration, ptr);
+        if self.registration.records().word() != 0 {
+            self.before_free(ptr);
+        }
         // SAFETY: forwarded from the caller.
         unsafe { self.deallocate_unrecorded(ptr, layout) }
     }
 
+    /// Records a new block (see [`records::after_alloc`]). A records word of zero (records
+    /// off and never on: the default) has nothing to do, so the fast path tests the word
+    /// for zero (one compare with memory) and leaves the rest out of line.
+    #[inline(always)]
+    fn after_alloc(self, block: Allocation, layout: Layout) {
+        if self.registration.records().word() != 0 {
+            self.after_alloc_hooked(block, layout);
+        }
+    }
+
+    /// Out of line: the allocation path keeps its registers for the common case (records
+    /// on pay one call).
+    #[inline(never)]
+    fn after_alloc_hooked(self, block: Allocation, layout: Layout) {
+        records::after_alloc(self.registration, block.ptr, layout, block.size);
+    }
+
+    /// [`records::before_free`], behind the same test as [`after_alloc`](Self::after_alloc)
+    /// and out of line for the same reason.
+    #[inline(never)]
+    fn before_free(self, ptr: NonNull<u8>) {
+        records::before_free(self.registration, ptr);
+    }
+
     /// # Safety
     /// As for [`BlockAllocator::deallocate_block`].
-    #[inline]
+    #[inline(always)]
     unsafe fn deallocate_unrecorded(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // SAFETY: forwarded from the caller.
         let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
-        self.counters().count_free(
-            self.registration.budget(),
-            granted,
-            layout.size().min(granted),
-        );
+        // The contract keeps `layout.size()` within the granted size.
+        let requested = layout.size();
+        let counters = self.counters();
+        match counters.free_slot() {
+            Some(slot) if counters.shard_free(slot, granted, requested) => {}
+            _ => self.count_free_slow(granted, requested),
+        }
         granted
+    }
+
+    /// Counts a free off the fast path (a budget, no slot, no live thread cache).
+    #[cold]
+    #[inline(never)]
+    fn count_free_slow(self, granted: usize, requested: usize) {
+        // Normally registered by its allocation already; cheap if so.
+        self.registration.register();
+        self.counters()
+            .count_free(self.registration.budget(), granted, requested);
     }
 
     /// Resizes through the parent, recounts the block and moves its record.
@@ -265,6 +383,9 @@ impl<P: BlockAllocator> Child<P> {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)> {
+        // Already registered by the block's allocation; kept so that a slot is only ever
+        // claimed by a registered child (what the fast path relies on).
+        self.registration.register();
         let taken = records::before_realloc(self.registration, ptr);
         // SAFETY: forwarded from the caller.
         let result = unsafe { self.reallocate_unrecorded(ptr, layout, new_size) };
@@ -306,5 +427,30 @@ impl<P: BlockAllocator> Child<P> {
             self.over_budget(live, new.size - old);
         }
         Some((new, old))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_granted_size_table_agrees_with_the_heap() {
+        let heap = SystemAllocator::new();
+        for align in [1, 2, 4, 8] {
+            for size in 1..=MAX_SMALL {
+                let layout = Layout::from_size_align(size, align).unwrap();
+                let block = heap.allocate_block(layout).unwrap();
+                // SAFETY: the block was just allocated with `layout` and is freed once.
+                unsafe {
+                    assert_eq!(
+                        block.size,
+                        heap.usable_size(block.ptr, layout),
+                        "{layout:?}"
+                    );
+                    assert_eq!(heap.deallocate_block(block.ptr, layout), block.size);
+                }
+            }
+        }
     }
 }

@@ -10,11 +10,18 @@
 //! blocks are freed on other threads than the ones that allocated them (a shard's byte
 //! figures may then be negative; the sums are right).
 //!
+//! A call counts in its shard when the allocator's *route* word holds a shard slot (as the
+//! shard's byte offset in a thread's set, so the fast path needs no arithmetic) and no
+//! budget is set: two loads and two compares before the shard is reached (see
+//! [`Counters::fast_slot`]).
+//!
 //! The shared atomics (one read-modify-write per figure) are used instead:
 //! - while the allocator has a budget ([`Budget`]): the budget check needs the exact live
-//!   figure at every allocation. The first call that sees a new budget publishes every
-//!   thread's pending bytes (see below) before it checks, so the budget is as exact as
-//!   before for every call that starts after the budget is set. A call running on another
+//!   figure at every allocation. The first allocation or resize that sees a new budget
+//!   publishes every thread's pending bytes (see below) before it checks, so the budget is
+//!   as exact as before for every call that starts after the budget is set (frees do not
+//!   look at the budget: until that first allocation they count in shards, which it
+//!   publishes; after it the route sends them to the atomics too). A call running on another
 //!   thread at that very moment may reach the shared figure only at that thread's next
 //!   call through the allocator (snapshots count it at once);
 //! - by allocators beyond the first [`SLOTS`](shard::SLOTS) that count (no slot left);
@@ -40,7 +47,7 @@
 mod shard;
 
 pub(crate) use shard::ShardSet;
-use shard::{SLOTS, Shard, ShardSum};
+use shard::{SHARD_BYTES, SLOTS, Shard, ShardSum};
 
 use crate::budget::Budget;
 use crate::thread_cache;
@@ -115,18 +122,46 @@ pub struct Counters {
     reallocations: AtomicU64,
     over_budget: AtomicU64,
     budget_failures: AtomicU64,
-    /// How calls are counted: the shard slot + 1 in the low bits (0: not chosen yet,
-    /// [`NO_SLOT`]: none left), and [`EXACT`] while a budget routes calls to the atomics.
+    /// How calls are counted: in the low bits, where the allocator's shard sits in a
+    /// thread's [`ShardSet`] (its slot times [`SHARD_BYTES`], so the fast path adds it to
+    /// the set's address with no multiply; [`UNSET`] before a slot is chosen, [`NO_SLOT`]
+    /// when none is left), and [`EXACT`] while a budget routes calls to the atomics.
     route: AtomicU32,
 }
 
 /// The slot bits of [`Counters::route`].
 const SLOT_MASK: u32 = 0xFFFF;
+/// Slot bits before the allocator's first counted call has chosen a slot.
+const UNSET: u32 = 0xFFFE;
 /// Slot bits of an allocator that found no free slot.
 const NO_SLOT: u32 = 0xFFFF;
+/// Slot bits below this are a slot's shard offset: a route below it is the fast path.
+const SLOT_BITS_END: u32 = (SLOTS * SHARD_BYTES) as u32;
+const _: () = assert!(SLOTS * SHARD_BYTES < UNSET as usize);
 /// Set once a budget has moved the allocator to the shared atomics (and its shards'
 /// pending bytes were published); cleared when calls go back to the shards.
 const EXACT: u32 = 1 << 16;
+
+/// A slot's shard offset (slot below [`SLOTS`] times [`SHARD_BYTES`]), as
+/// [`Counters::fast_slot`] found it in the route.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot(usize);
+
+impl Slot {
+    /// This slot's shard in `set`.
+    #[inline(always)]
+    fn of(self, set: &ShardSet) -> &Shard {
+        // SAFETY: a `Slot` is only made from route bits below `SLOT_BITS_END`, which are
+        // only ever set to `slot_bits` of a slot below `SLOTS`.
+        unsafe { set.at_offset(self.0) }
+    }
+}
+
+/// The route bits of `slot` (below [`SLOTS`]).
+#[inline]
+fn slot_bits(slot: usize) -> u32 {
+    (slot * SHARD_BYTES) as u32
+}
 
 /// A wrapping byte total read as a count: a negative one (a blend of instants, or a free
 /// counted before its allocation was published) reads as zero.
@@ -138,7 +173,11 @@ fn non_negative(bytes: usize) -> usize {
 /// The shard slot in `route`, or a number `>= SLOTS` when there is none to use.
 #[inline(always)]
 fn slot_of(route: u32) -> usize {
-    (route as usize).wrapping_sub(1)
+    if route < SLOT_BITS_END {
+        route as usize / SHARD_BYTES
+    } else {
+        usize::MAX
+    }
 }
 
 impl Counters {
@@ -159,7 +198,7 @@ impl Counters {
             reallocations: AtomicU64::new(0),
             over_budget: AtomicU64::new(0),
             budget_failures: AtomicU64::new(0),
-            route: AtomicU32::new(0),
+            route: AtomicU32::new(UNSET),
         }
     }
 
@@ -198,14 +237,14 @@ impl Counters {
                 self.route.fetch_and(!EXACT, Relaxed);
                 continue;
             }
-            if bits != 0 {
+            if bits != UNSET {
                 return Some(slot_of(bits));
             }
             let claimed = shard::claim_slot(self);
-            let bits = claimed.map_or(NO_SLOT, |slot| slot as u32 + 1);
+            let bits = claimed.map_or(NO_SLOT, slot_bits);
             if self
                 .route
-                .compare_exchange(route, route | bits, Release, Relaxed)
+                .compare_exchange(route, (route & !SLOT_MASK) | bits, Release, Relaxed)
                 .is_err()
             {
                 // Another thread chose first (or the mode changed): look again.
@@ -216,22 +255,60 @@ impl Counters {
         }
     }
 
+    /// The shard slot a call counts in on the fast path: the allocator has a slot and no
+    /// budget. `None`: take the slow path ([`count_allocation`](Self::count_allocation) and
+    /// friends). Two loads and two compares; a child claims its slot only once registered,
+    /// so a slot here also means the child is in the registry.
+    #[inline(always)]
+    pub(crate) fn fast_slot(&self, budget: &Budget) -> Option<Slot> {
+        // Acquire: the slot's owner record (see `claim_slot`) happens before our counts.
+        let bits = self.route.load(Acquire);
+        (bits < SLOT_BITS_END && !budget.is_set()).then_some(Slot(bits as usize))
+    }
+
+    /// The shard slot a free counts in on the fast path: the route alone, no budget check.
+    ///
+    /// Frees need no budget check of their own: the first allocation that sees a new
+    /// budget publishes every thread's shard before its own check (see `enter_exact`), so
+    /// frees counted in shards until then are in the figure it checks; from then on the
+    /// route says exact and frees take the slow path too, until the budget is removed.
+    #[inline(always)]
+    pub(crate) fn free_slot(&self) -> Option<Slot> {
+        // Acquire: as in `fast_slot`.
+        let bits = self.route.load(Acquire);
+        (bits < SLOT_BITS_END).then_some(Slot(bits as usize))
+    }
+
+    /// Counts an allocation in the calling thread's shard of `slot`. `false`: the thread's
+    /// cache is not registered yet or already retired; nothing was counted.
+    #[inline(always)]
+    pub(crate) fn shard_allocate(
+        &'static self,
+        slot: Slot,
+        granted: usize,
+        requested: usize,
+    ) -> bool {
+        thread_cache::with_active_shards(|set| slot.of(set).allocate(self, granted, requested))
+            .is_some()
+    }
+
+    /// Counts a free in the calling thread's shard of `slot`, as
+    /// [`shard_allocate`](Self::shard_allocate).
+    #[inline(always)]
+    pub(crate) fn shard_free(&'static self, slot: Slot, granted: usize, requested: usize) -> bool {
+        thread_cache::with_active_shards(|set| slot.of(set).free(self, granted, requested))
+            .is_some()
+    }
+
     /// Runs `op` on the calling thread's shard in the common case: no budget, a slot, and a
     /// registered, live thread cache. `false`: not counted; try
-    /// [`count_in_shard_slow`](Self::count_in_shard_slow). Kept to one branch per condition
-    /// and no calls, so it inlines into the allocator's paths.
+    /// [`count_in_shard_slow`](Self::count_in_shard_slow).
     #[inline(always)]
     fn count_in_shard(&'static self, budget: &Budget, op: impl FnOnce(&Shard)) -> bool {
-        // Acquire: the slot's owner record (see `claim_slot`) happens before our counts.
-        let slot = slot_of(self.route.load(Acquire));
-        if budget.is_set() || slot >= SLOTS {
+        let Some(slot) = self.fast_slot(budget) else {
             return false;
-        }
-        thread_cache::with_active_shards(|set| {
-            // SAFETY: `slot < SLOTS`.
-            op(unsafe { set.get_unchecked(slot) })
-        })
-        .is_some()
+        };
+        thread_cache::with_active_shards(|set| op(slot.of(set))).is_some()
     }
 
     /// [`count_in_shard`](Self::count_in_shard) for everything else: a budget (switch to
@@ -509,7 +586,7 @@ impl Default for Counters {
 #[cfg(test)]
 mod tests {
     use super::shard::{PUBLISH_BYTES, SLOTS};
-    use super::{Counters, slot_of};
+    use super::{Counters, EXACT, NO_SLOT, SLOT_BITS_END, UNSET, slot_bits, slot_of};
     use crate::budget::{Budget, BudgetMode};
     use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
     use std::sync::{Barrier, mpsc};
@@ -840,6 +917,51 @@ mod tests {
         assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
         assert_eq!((st.allocations, st.frees), (3, 3));
         assert!(has_slot(c));
+    }
+
+    #[test]
+    fn miri_route_bits_name_a_slot_only_for_a_claimed_slot() {
+        for slot in 0..SLOTS {
+            let bits = slot_bits(slot);
+            assert!(bits < SLOT_BITS_END);
+            assert_eq!(slot_of(bits), slot);
+            assert!(slot_of(bits | EXACT) >= SLOTS);
+        }
+        for bits in [UNSET, NO_SLOT, EXACT | UNSET, EXACT | NO_SLOT] {
+            assert!(bits >= SLOT_BITS_END && slot_of(bits) >= SLOTS);
+        }
+        // A new allocator's calls take the slow path (which claims a slot).
+        let c = Counters::new();
+        assert!(c.fast_slot(&NO_BUDGET).is_none() && c.free_slot().is_none());
+    }
+
+    static ROUTED: Counters = Counters::new();
+    static ROUTED_BUDGET: Budget = Budget::new();
+
+    #[test]
+    fn a_budget_stops_fast_allocations_and_frees_follow_the_route() {
+        let c = &ROUTED;
+        assert!(
+            alloc(c, &ROUTED_BUDGET, 64, 60),
+            "claims a slot, counts in the shard"
+        );
+        assert!(c.fast_slot(&ROUTED_BUDGET).is_some() && c.free_slot().is_some());
+        ROUTED_BUDGET.set(Some(1 << 20), BudgetMode::Warn);
+        // Allocations see the budget at once; frees only once an allocation switched the
+        // route (publishing every shard).
+        assert!(c.fast_slot(&ROUTED_BUDGET).is_none());
+        assert!(c.free_slot().is_some());
+        assert!(!alloc(c, &ROUTED_BUDGET, 64, 60), "counted exactly");
+        assert!(c.free_slot().is_none());
+        assert_eq!(shared(c).0, 128, "the shard's bytes were published");
+        c.count_free(&ROUTED_BUDGET, 64, 60);
+        ROUTED_BUDGET.set(None, BudgetMode::Warn);
+        c.count_free(&ROUTED_BUDGET, 64, 60);
+        assert!(c.fast_slot(&ROUTED_BUDGET).is_some() && c.free_slot().is_some());
+        let st = c.snapshot();
+        assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
+        assert_eq!(st.live_requested_bytes, Some(0));
+        assert_eq!((st.allocations, st.frees), (2, 2));
     }
 
     #[test]

@@ -89,8 +89,13 @@ fn tick(cell: &AtomicU64) {
     cell.store(cell.load(Relaxed) + 1, Relaxed);
 }
 
+/// The size of a [`Shard`]: slot `i`'s shard starts `i * SHARD_BYTES` into a [`ShardSet`].
+pub(crate) const SHARD_BYTES: usize = size_of::<Shard>();
+
 /// One thread's counts for one allocator. Byte figures are wrapping sums of signed changes
 /// (a thread that frees blocks another allocated goes "negative"); event counts only grow.
+/// A cache line each, so a call's counts never straddle two lines.
+#[repr(align(64))]
 pub(crate) struct Shard {
     /// Granted bytes added minus removed by this thread (owner-written).
     granted: AtomicUsize,
@@ -247,6 +252,16 @@ impl ShardSet {
     pub(crate) unsafe fn get_unchecked(&self, slot: usize) -> &Shard {
         // SAFETY: forwarded from the caller.
         unsafe { self.shards.get_unchecked(slot) }
+    }
+
+    /// The shard `offset` bytes into the set.
+    ///
+    /// # Safety
+    /// `offset` is `slot * SHARD_BYTES` for a `slot < SLOTS`.
+    #[inline(always)]
+    pub(crate) unsafe fn at_offset(&self, offset: usize) -> &Shard {
+        // SAFETY: forwarded from the caller: the offset of a shard inside the array.
+        unsafe { &*self.shards.as_ptr().byte_add(offset) }
     }
 
     /// Adds the shard of `slot` to `sum`.
