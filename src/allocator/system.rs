@@ -5,9 +5,10 @@
 //! last one during exit, from any thread, with no lazy initialisation.
 
 use crate::records;
+use crate::registry::SYSTEM;
 use crate::schema::HphaStats;
-use crate::schema::hpha::size_class::{CLASS_BY_UNITS, MAX_SMALL, class_for};
-use crate::thread_cache::{self, CacheRef, HEAP, SampleCharge};
+use crate::schema::hpha::size_class::{CLASS_BY_UNITS, MAX_SMALL, class_for, class_size};
+use crate::thread_cache::{self, CacheRef, HEAP, HOOK_ALLOC, HOOK_FREE, SampleCharge};
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
@@ -188,9 +189,21 @@ fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> 
         return alloc_small_tls(size, align, class);
     }
     // SAFETY: the fast path passes this thread's cache and the request's class.
-    let p = unsafe { thread_cache::allocate_sampling(tc, class, size) };
-    if !p.is_null() {
-        return p;
+    unsafe {
+        let p = thread_cache::allocate_sampling(tc, class, size);
+        if !p.is_null() {
+            return p;
+        }
+        if thread_cache::hooks_of(tc) & HOOK_ALLOC != 0 {
+            // Records of every allocation: take the block from the cache all the same and
+            // record it here, without the general path's layers.
+            let p = thread_cache::pop_any(tc, class);
+            if let Some(ptr) = NonNull::new(p) {
+                let layout = Layout::from_size_align_unchecked(size, align);
+                records::after_alloc(&SYSTEM, ptr, layout, class_size(class));
+                return p;
+            }
+        }
     }
     alloc_small_general(size, align)
 }
@@ -270,7 +283,19 @@ unsafe fn dealloc_small_missed(
         if thread_cache::free_filtered(tc, ptr, class) {
             return;
         }
-        dealloc_slow(ptr, Layout::from_size_align_unchecked(size, align))
+        let layout = Layout::from_size_align_unchecked(size, align);
+        if thread_cache::hooks_of(tc) & HOOK_FREE != 0 {
+            // Records of any block may exist: remove this one's (before the block can be
+            // reused), then free it to the cache all the same.
+            if let Some(p) = NonNull::new(ptr) {
+                records::before_free(&SYSTEM, p);
+            }
+            if !thread_cache::push_any(tc, ptr, class) {
+                dealloc_plain(ptr, layout);
+            }
+            return;
+        }
+        dealloc_slow(ptr, layout)
     }
 }
 

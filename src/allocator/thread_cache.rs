@@ -578,6 +578,54 @@ pub(crate) unsafe fn allocate_sampling(tc: CacheRef, class: usize, size: usize) 
     unsafe { (*tc).allocate_sampling(class, size) }
 }
 
+/// The records hooks of a cache a fast path found (see [`ThreadCache::hooks`]).
+///
+/// # Safety
+/// `tc` is the calling thread's cache as a fast path passed it (not null).
+#[inline(always)]
+pub(crate) unsafe fn hooks_of(tc: CacheRef) -> u8 {
+    // SAFETY: forwarded from the caller.
+    unsafe { (*tc).hooks.load(Relaxed) }
+}
+
+/// Pops a block of `class` whatever the hooks say (the caller records it); null when the
+/// bin is empty (always so for a cache that is not registered).
+///
+/// # Safety
+/// As for [`allocate_sampling`].
+#[inline(always)]
+pub(crate) unsafe fn pop_any(tc: CacheRef, class: usize) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let tc = &*tc;
+        let bin = tc.bin(class);
+        let slot = bin.head;
+        if slot.is_null() {
+            return null_mut();
+        }
+        tc.pop(bin, slot, class)
+    }
+}
+
+/// Pushes a block of `class` whatever the hooks say (the caller removed its record);
+/// `false` when the bin is full (always so for a cache that is not registered).
+///
+/// # Safety
+/// As for [`free_filtered`].
+#[inline(always)]
+pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let tc = &*tc;
+        let bin = tc.bin(class);
+        if bin.count >= bin.limit {
+            return false;
+        }
+        tc.push(bin, ptr, class);
+        true
+    }
+}
+
 /// [`allocate_sampling`] through `thread_local!` (slower to call: planned as a helper call).
 #[inline(always)]
 pub(crate) fn allocate_sampling_tls(class: usize, size: usize) -> *mut u8 {

@@ -30,12 +30,24 @@ use crate::sync::SpinLock;
 use core::alloc::Layout;
 use core::ptr;
 use core::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*, compiler_fence, fence,
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::*,
+    compiler_fence, fence,
 };
 
 /// Records per buffer. The scans are linear, so small; 64 holds the `small` workload's
 /// batches of 32.
 pub(crate) const CAP: usize = 64;
+/// Buckets of a buffer's address index (twice the records, so few collide).
+const INDEX: usize = 2 * CAP;
+const _: () = assert!(INDEX.is_power_of_two() && CAP < u8::MAX as usize);
+
+/// The index bucket of `addr`.
+#[inline(always)]
+fn bucket(addr: usize) -> usize {
+    (addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize
+        >> (usize::BITS - INDEX.trailing_zeros())
+}
+
 /// Allocators with per-thread totals per buffer (records of a fifth go to the table).
 const SITES: usize = 4;
 /// A buffered record's time is the clock read at most this many record operations
@@ -191,6 +203,10 @@ pub(crate) struct Buf {
     /// The last clock read (owner only).
     tick: AtomicU64,
     addrs: [AtomicUsize; CAP],
+    /// Owner-only hint: for a hash of an address, the slot (plus one) of the record last
+    /// buffered there, so a free finds its record without scanning. Checked against
+    /// `addrs` before use, so a stale or overwritten entry only costs the scan.
+    index: [AtomicU8; INDEX],
     /// Allocator index, the alignment's log2 in bits 32..40, the site slot in 40..48.
     metas: [AtomicU64; CAP],
     sizes: [AtomicUsize; CAP],
@@ -218,6 +234,7 @@ impl Buf {
             next_tick: AtomicU64::new(0),
             tick: AtomicU64::new(0),
             addrs: [const { AtomicUsize::new(0) }; CAP],
+            index: [const { AtomicU8::new(0) }; INDEX],
             metas: [const { AtomicU64::new(0) }; CAP],
             sizes: [const { AtomicUsize::new(0) }; CAP],
             requested: [const { AtomicUsize::new(0) }; CAP],
@@ -324,6 +341,14 @@ impl Buf {
     #[inline(always)]
     fn find(&self, addr: usize, alloc: u32) -> Option<usize> {
         let len = self.len.load(Relaxed);
+        let hint = self.index[bucket(addr)].load(Relaxed) as usize;
+        if hint != 0
+            && hint <= len
+            && self.addrs[hint - 1].load(Relaxed) == addr
+            && self.alloc_at(hint - 1) == alloc
+        {
+            return Some(hint - 1);
+        }
         (0..len)
             .rev()
             .find(|&i| self.addrs[i].load(Relaxed) == addr && self.alloc_at(i) == alloc)
@@ -362,8 +387,17 @@ impl Buf {
         let meta = self.metas[i].load(Relaxed);
         let size = self.sizes[i].load(Relaxed);
         let last = self.len.load(Relaxed) - 1;
+        let gone = &self.index[bucket(self.addrs[i].load(Relaxed))];
+        if gone.load(Relaxed) as usize == i + 1 {
+            gone.store(0, Relaxed);
+        }
         if i != last {
-            self.addrs[i].store(self.addrs[last].load(Relaxed), Relaxed);
+            let moved = self.addrs[last].load(Relaxed);
+            let hint = &self.index[bucket(moved)];
+            if hint.load(Relaxed) as usize == last + 1 {
+                hint.store((i + 1) as u8, Relaxed);
+            }
+            self.addrs[i].store(moved, Relaxed);
             self.metas[i].store(self.metas[last].load(Relaxed), Relaxed);
             self.sizes[i].store(self.sizes[last].load(Relaxed), Relaxed);
             self.requested[i].store(self.requested[last].load(Relaxed), Relaxed);
@@ -428,6 +462,7 @@ impl Buf {
                 self.tick.load(Relaxed)
             };
             self.addrs[len].store(addr, Relaxed);
+            self.index[bucket(addr)].store((len + 1) as u8, Relaxed);
             let meta = u64::from(alloc) | u64::from(align_log2) << 32 | (slot as u64) << 40;
             self.metas[len].store(meta, Relaxed);
             self.sizes[len].store(size, Relaxed);
