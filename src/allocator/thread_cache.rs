@@ -318,9 +318,16 @@ impl ThreadCache {
         }
         // SAFETY: owning thread, valid class.
         let bin = unsafe { self.bin(class) };
-        let want = bin.refill.min(bin.limit as u32 / 2).max(1) as usize;
+        let full_batch = bin.limit as u32 / 2;
+        let want = bin.refill.min(full_batch).max(1) as usize;
+        // A bin in steady use takes a page's whole free list up to eight times its batch,
+        // without walking those cold blocks (a producer feeding a consumer); a bin still
+        // ramping up (a short-lived thread, a class in light use) only up to twice, so that
+        // threads do not hold free blocks others would then carve fresh memory for
+        // (`threads` workload: peak RSS 5.6 MiB with eight times everywhere, 4.8 with this).
+        let splice = want * if want as u32 >= full_batch { 8 } else { 2 };
         bin.refill = bin.refill.saturating_mul(2);
-        let (head, got) = small.take_slots(class, want, HEAP.source());
+        let (head, got) = small.take_slots(class, want, splice, HEAP.source());
         HEAP.after_slow_path();
         if got == 0 {
             return null_mut();

@@ -39,11 +39,6 @@ pub(crate) fn huge_pages_wanted(bytes_before: usize) -> bool {
     from != usize::MAX && bytes_before >= from.saturating_mul(SEGMENT_SIZE)
 }
 
-/// How much longer than asked a page's free list may be and still be handed over whole by
-/// `take_slots` (a cache that receives it walks it only if it gives the blocks back, for
-/// instance when its thread exits).
-const SPLICE_FACTOR: usize = 8;
-
 /// Whether double frees and foreign frees of small blocks are checked with a bitmap.
 pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
 /// Words of the per-page "slot is live" bitmap (one bit per slot of the smallest class).
@@ -432,13 +427,14 @@ impl SmallHeap {
     }
 
     /// Hands out slots of `class`, linked through their first word: up to `max` fresh or
-    /// freed slots, or (when `max > 1`) a page's whole free list of up to
-    /// `SPLICE_FACTOR * max` slots, handed over without walking it. Returns the list head
-    /// and how many slots it holds (0 when the source is out of memory).
+    /// freed slots, or (when `max > 1`) a page's whole free list of up to `splice` slots
+    /// (`splice` ≥ what is still wanted), handed over without walking it. Returns the list
+    /// head and how many slots it holds (0 when the source is out of memory).
     pub(crate) fn take_slots(
         &self,
         class: usize,
         max: usize,
+        splice: usize,
         source: &impl PageSource,
     ) -> (*mut FreeSlot, usize) {
         let mut st = self.classes[class].0.lock();
@@ -457,7 +453,7 @@ impl SmallHeap {
                 let page = st.partial;
                 let elem = (*page).elem as usize;
                 let free_count = (*page).free_count as usize;
-                if max > 1 && free_count > 0 && free_count <= SPLICE_FACTOR * (max - got) {
+                if max > 1 && free_count > 0 && free_count <= splice.saturating_sub(got) {
                     // Take the page's whole free list as the chain's last segment, without
                     // touching its slots: they are cold (often freed on another core), and
                     // the program will touch each one when it uses it anyway.
@@ -571,7 +567,7 @@ impl SmallHeap {
 
     /// Allocates one slot of `class`; null if the source is out of memory.
     pub(crate) fn allocate(&self, class: usize, source: &impl PageSource) -> *mut u8 {
-        let (slot, got) = self.take_slots(class, 1, source);
+        let (slot, got) = self.take_slots(class, 1, 1, source);
         if got == 0 {
             return null_mut();
         }
