@@ -8,7 +8,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `TAGALLOC_PURGE_DELAY_MS` | milliseconds free memory stays mapped before it goes back to the OS; `0` = at once, `never` = only on `garbage_collect` | 1000 |
-//! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for small-block segments: `never`, `auto` (once the heap passes 8 MiB), `always` | `auto` |
+//! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for small-block segments: `never`, `auto` (once the heap passes 8 MiB), `always` | `never` |
 //! | `TAGALLOC_THREAD_POINTER` | `off` reaches the thread caches only through `thread_local!` (a little slower), as in a shared library; an escape hatch for unusual loaders | `auto` |
 //! | `TAGALLOC_RECORDS` | allocation records per allocator, e.g. `Script Canvas=full,SystemAllocator=sample:512KiB` (syntax in [`records::config`](crate::records::config)) | all off |
 //! | `TAGALLOC_REPORT` | a path: the allocator table and the leak report are written there at exit | none |
@@ -105,17 +105,16 @@ pub fn parse_huge_pages(text: &[u8]) -> Result<HugePages, &'static str> {
     }
 }
 
-/// The huge-page setting the environment asks for, by default `Auto`: heaps past 8 MiB
-/// get transparent huge pages, as mimalloc's do by default (its `MIMALLOC_ALLOW_THP`), for
-/// far fewer TLB misses in big pointer-heavy heaps. The cost: with the kernel's usual
-/// `defrag=madvise`, a fault in such a region may stall on memory compaction when the
-/// system's memory is fragmented; `never` avoids that. Warns about bad values.
+/// The huge-page setting the environment asks for (default `Never`: with the kernel's usual
+/// `defrag=madvise`, a fault in a huge-page region may stall on memory compaction for
+/// hundreds of milliseconds, which a game or a server should not get by default); warns
+/// about bad values.
 pub(crate) fn huge_pages_from_env() -> HugePages {
     match env_bytes(c"TAGALLOC_HUGE_PAGES") {
-        None => HugePages::Auto,
+        None => HugePages::Never,
         Some(value) => parse_huge_pages(value).unwrap_or_else(|why| {
             warn_bad_value("TAGALLOC_HUGE_PAGES", value, why);
-            HugePages::Auto
+            HugePages::Never
         }),
     }
 }
