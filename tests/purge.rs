@@ -70,10 +70,11 @@ fn main() {
     let deadline = Instant::now() + Duration::from_millis(600);
     let mut after = freed;
     while Instant::now() < deadline {
-        let v = vec![0u8; 100_000];
+        // black_box: the optimiser may otherwise remove an allocation that is freed unused.
+        let v = std::hint::black_box(vec![0u8; 100_000]);
         drop(v);
         for _ in 0..200 {
-            drop(Box::new([0u8; 48]));
+            drop(std::hint::black_box(Box::new([0u8; 48])));
         }
         std::thread::sleep(Duration::from_millis(5));
         after = rss_mib();
