@@ -7,15 +7,16 @@
 //!
 //! | mode | records | what it costs per call | alloc+free pair, `SystemAllocator` / child (`benches/records.rs`) |
 //! |---|---|---|---|
-//! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch | 2.5–3.5 ns / 7–10 ns |
-//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | 10–12 ns / 12–16 ns |
-//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer; a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | 17–23 ns / 25–34 ns |
-//! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames) per allocation, a lock and a table insert or remove, a clock read | 2.0–3.7 µs / 2.0–3.4 µs |
+//! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch (the `SystemAllocator`: one test of a byte in the thread's own cache) | 2.4–2.6 ns / 8.0–8.1 ns |
+//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | 5.7–7.0 ns / 10.6–11.7 ns |
+//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer; a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | 17.6–18.1 ns / 28.5–29.1 ns |
+//! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames) per allocation, a lock and a table insert or remove, a clock read | 2.3–2.5 µs / 2.3–2.4 µs |
 //!
-//! (2-core Xeon shared with other builds, hence ranges; 16–256-byte blocks. On the
-//! `compare` harness's `small` workload, 30 million small allocations: sampling costs about
-//! +30 %, basic records about 2.5× in time and 3.9× in instructions; of that, about 1.6× is
-//! the `SystemAllocator`'s recording entry itself, measured with the record work removed.)
+//! (2-core machine, 16- and 256-byte blocks. On the `compare` harness's `small` workload,
+//! 30 million small allocations, the workload's own timing: off 232 ms, sample 351 ms
+//! (+51%; +40% without stacks), basic 581 ms (2.5×), full 53.7 s. In sample and basic
+//! mode every `SystemAllocator` call leaves the fast path for its miss function, where the
+//! countdown, the sample filter and the record buffer are reached.)
 //!
 //! Basic records first go to a per-thread buffer of 64 records (see `buffer.rs`), written
 //! by its thread alone with plain stores: a block freed on the thread that allocated it
