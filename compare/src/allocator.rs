@@ -23,9 +23,10 @@ compile_error!(
 /// suffix of its cargo feature (`alloc-<name>`) and of its binaries (`workload-<name>`).
 pub const ALL: [&str; 4] = ["tagalloc", "system", "mimalloc", "jemalloc"];
 
-/// Allocators run only when named with `--allocators`: `tagalloc-uncounted` is tagalloc
-/// built without its per-thread counts (feature `uncounted`), to measure their cost.
-pub const EXTRA: [&str; 1] = ["tagalloc-uncounted"];
+/// Allocators run only when named with `--allocators` (none at present: tagalloc's
+/// per-thread counts are also its thread caches' bookkeeping, so there is no build without
+/// them to compare).
+pub const EXTRA: [&str; 0] = [];
 
 #[cfg(feature = "alloc-tagalloc")]
 mod chosen {

@@ -40,15 +40,7 @@ impl SystemAllocator {
         let heap = HEAP.stats();
         let large = HEAP.large_heap().stats();
         let front = thread_cache::front_totals();
-        let (small_blocks, small_bytes) = if cfg!(feature = "uncounted") {
-            // Without per-thread counts, blocks sitting in thread caches count as live.
-            (
-                heap.live_blocks - large.live_blocks,
-                heap.small_granted_bytes,
-            )
-        } else {
-            front.live_blocks_and_bytes()
-        };
+        let (small_blocks, small_bytes) = front.live_blocks_and_bytes();
         HphaStats {
             granted_bytes: small_bytes + large.granted_bytes,
             live_blocks: small_blocks + large.live_blocks,

@@ -88,12 +88,15 @@ const HOOKS_UNREGISTERED: u8 = HOOK_ALLOC | HOOK_FREE;
 #[derive(Clone, Copy)]
 struct Bin {
     head: *mut FreeSlot,
-    /// Frees into the bin minus blocks taken from it since the last refill: a refill may
-    /// hand over a page's whole free list, which is not counted (so a thread that mostly
-    /// allocates never walks those cold blocks), and taking them may drive this below zero.
-    /// It never exceeds the list's length, and is reset to 0 at each refill (the list is
-    /// empty then), so the bin holds at most `limit` plus one refill.
-    count: i32,
+    /// Where the class's net frees (`frees - allocations`, the counters the statistics
+    /// read) reach a full bin: the bin's count is that net minus `full_at - limit`. The
+    /// count is frees into the bin minus blocks taken from it since the last refill: a
+    /// refill may hand over a page's whole free list, which is not counted (so a thread
+    /// that mostly allocates never walks those cold blocks), and taking them may drive it
+    /// below zero. It never exceeds the list's length, and is reset to 0 at each refill
+    /// (the list is empty then), so the bin holds at most `limit` plus one refill. Kept
+    /// this way, the fast paths update only the statistics' counters, never a second one.
+    full_at: i64,
     /// Blocks to take at the next refill: starts small so a short-lived thread that uses a
     /// class once does not take (and later give back) a whole batch, and doubles with use
     /// up to half the limit.
@@ -204,7 +207,7 @@ impl ThreadCache {
                 ClassSlot {
                     bin: UnsafeCell::new(Bin {
                         head: null_mut(),
-                        count: 0,
+                        full_at: 0,
                         refill: FIRST_REFILL,
                         limit: 0,
                     }),
@@ -238,9 +241,6 @@ impl ThreadCache {
     /// `class < CLASS_COUNT`.
     #[inline(always)]
     unsafe fn owner_alloc(&self, class: usize) {
-        if cfg!(feature = "uncounted") {
-            return;
-        }
         // SAFETY: forwarded from the caller.
         let n = unsafe { &self.slots.get_unchecked(class).allocations };
         n.store(n.load(Relaxed) + 1, Relaxed);
@@ -252,12 +252,63 @@ impl ThreadCache {
     /// `class < CLASS_COUNT`.
     #[inline(always)]
     unsafe fn owner_free(&self, class: usize) {
-        if cfg!(feature = "uncounted") {
-            return;
-        }
         // SAFETY: forwarded from the caller.
         let n = unsafe { &self.slots.get_unchecked(class).frees };
         n.store(n.load(Relaxed) + 1, Relaxed);
+    }
+
+    /// The class's net frees on this thread (frees minus allocations, wrapping).
+    #[inline(always)]
+    fn net_frees(&self, class: usize) -> i64 {
+        // SAFETY: callers pass `class < CLASS_COUNT`.
+        let slot = unsafe { self.slots.get_unchecked(class) };
+        slot.frees
+            .load(Relaxed)
+            .wrapping_sub(slot.allocations.load(Relaxed)) as i64
+    }
+
+    /// Whether the bin of `class` holds its limit (see [`Bin::full_at`]).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    #[inline(always)]
+    unsafe fn bin_full(&self, class: usize) -> bool {
+        // SAFETY: forwarded from the caller.
+        self.net_frees(class) >= unsafe { self.bin(class) }.full_at
+    }
+
+    /// The bin's count (see [`Bin::full_at`]).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    unsafe fn count(&self, class: usize) -> i32 {
+        // SAFETY: forwarded from the caller.
+        let bin = unsafe { self.bin(class) };
+        (self.net_frees(class) - (bin.full_at - i64::from(bin.limit))) as i32
+    }
+
+    /// Sets the bin's count (its limit stays).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    unsafe fn set_count(&self, class: usize, count: i32) {
+        let net = self.net_frees(class);
+        // SAFETY: forwarded from the caller.
+        let bin = unsafe { self.bin(class) };
+        bin.full_at = net - i64::from(count) + i64::from(bin.limit);
+    }
+
+    /// Sets the bin's limit, its count staying.
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    unsafe fn set_limit(&self, class: usize, limit: i32) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let count = self.count(class);
+            self.bin(class).limit = limit;
+            self.set_count(class, count);
+        }
     }
 
     /// Moves this cache's counts into the orphan counters and zeroes them.
@@ -289,7 +340,6 @@ impl ThreadCache {
                 return self.allocate_slow(class);
             }
             bin.head = (*slot).next;
-            bin.count -= 1;
             self.owner_alloc(class);
             mark_allocated(slot.cast());
             slot.cast()
@@ -336,8 +386,8 @@ impl ThreadCache {
         // bin is empty here, so the rest becomes the bin and the count starts again.
         unsafe {
             bin.head = (*head).next;
-            bin.count = 0;
             self.owner_alloc(class);
+            self.set_count(class, 0);
             mark_allocated(head.cast());
         }
         head.cast()
@@ -348,14 +398,13 @@ impl ThreadCache {
         // SAFETY: `ptr` is a live small block of `class` (caller's contract); owning thread.
         unsafe {
             check_free(ptr, class);
-            let bin = self.bin(class);
-            if bin.count >= bin.limit {
+            if self.bin_full(class) {
                 return self.free_slow(ptr, class);
             }
+            let bin = self.bin(class);
             let slot: *mut FreeSlot = ptr.cast();
             (*slot).next = bin.head;
             bin.head = slot;
-            bin.count += 1;
             self.owner_free(class);
         }
     }
@@ -376,13 +425,14 @@ impl ThreadCache {
         }
         // SAFETY: owning thread, valid class; the slots handed back are free.
         unsafe {
+            let count = self.count(class);
             let bin = self.bin(class);
-            if bin.count >= bin.limit {
+            if count >= bin.limit {
                 // Give back the most recent frees, down to half the limit: they are at the
                 // front of the list and warm in this core's cache, so walking them is cheap.
                 // Blocks behind them (a page's free list handed over whole by a refill) are
                 // not walked.
-                let give = bin.count - bin.limit / 2;
+                let give = count - bin.limit / 2;
                 let first = bin.head;
                 let mut last = first;
                 for _ in 1..give {
@@ -390,14 +440,14 @@ impl ThreadCache {
                 }
                 bin.head = (*last).next;
                 (*last).next = null_mut();
-                bin.count -= give;
+                self.set_count(class, count - give);
                 HEAP.small_heap()
                     .return_slots(class, first, give as usize, HEAP.stamp());
                 HEAP.after_slow_path();
             }
+            let bin = self.bin(class);
             (*slot).next = bin.head;
             bin.head = slot;
-            bin.count += 1;
             self.owner_free(class);
         }
     }
@@ -422,7 +472,7 @@ impl ThreadCache {
                         .return_slots(class, bin.head, len, HEAP.stamp());
                 }
                 bin.head = null_mut();
-                bin.count = 0;
+                self.set_count(class, 0);
             }
         }
     }
@@ -445,7 +495,7 @@ impl ThreadCache {
         }
         for class in 0..CLASS_COUNT {
             // SAFETY: owning thread.
-            unsafe { self.bin(class).limit = bin_limit(class) as i32 };
+            unsafe { self.set_limit(class, bin_limit(class) as i32) };
         }
         let mut list = THREADS.lock();
         self.prev.store(null_mut(), Relaxed);
@@ -472,13 +522,18 @@ impl ThreadCache {
     unsafe fn retire(&self, list: &mut ThreadList) {
         // SAFETY: forwarded from the caller.
         unsafe { self.flush_all() };
-        for class in 0..CLASS_COUNT {
-            // SAFETY: as above.
-            unsafe { self.bin(class).limit = 0 };
-        }
         self.state.set(STATE_DEAD);
         self.hooks.store(HOOKS_UNREGISTERED, Relaxed);
         self.move_counts_to_orphans();
+        for class in 0..CLASS_COUNT {
+            // SAFETY: as above. The counts are zero now and the bins empty: limit 0 and a
+            // full bin, so every later free takes the slow path.
+            unsafe {
+                let bin = self.bin(class);
+                bin.limit = 0;
+                bin.full_at = 0;
+            }
+        }
         self.shards.retire();
         let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
         // SAFETY: neighbours are registered caches, valid under the registry lock.
@@ -618,11 +673,10 @@ pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool 
     // SAFETY: forwarded from the caller.
     unsafe {
         let tc = &*tc;
-        let bin = tc.bin(class);
-        if bin.count >= bin.limit {
+        if tc.bin_full(class) {
             return false;
         }
-        tc.push(bin, ptr, class);
+        tc.push(tc.bin(class), ptr, class);
         true
     }
 }
@@ -738,7 +792,6 @@ impl ThreadCache {
         // SAFETY: forwarded from the caller: `slot` is a free block linked in the bin.
         unsafe {
             bin.head = (*slot).next;
-            bin.count -= 1;
             self.owner_alloc(class);
             mark_allocated(slot.cast());
         }
@@ -766,7 +819,7 @@ impl ThreadCache {
         unsafe {
             let bin = self.bin(class);
             if self.hooks.load(Relaxed) & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0
-                || bin.count >= bin.limit
+                || self.bin_full(class)
             {
                 return false;
             }
@@ -787,7 +840,7 @@ impl ThreadCache {
             let bin = self.bin(class);
             let hooks = self.hooks.load(Relaxed) & (HOOK_FREE | HOOK_FREE_SAMPLED);
             if hooks != 0 && (hooks != HOOK_FREE_SAMPLED || records::global::maybe_sampled(ptr))
-                || bin.count >= bin.limit
+                || self.bin_full(class)
             {
                 return false;
             }
@@ -809,7 +862,6 @@ impl ThreadCache {
             let slot: *mut FreeSlot = ptr.cast();
             (*slot).next = bin.head;
             bin.head = slot;
-            bin.count += 1;
             self.owner_free(class);
         }
     }
