@@ -13,8 +13,8 @@
 //! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames) per allocation, a lock and a table insert or remove, a clock read | 2.3–2.5 µs / 2.3–2.4 µs |
 //!
 //! (2-core machine, 16- and 256-byte blocks. On the `compare` harness's `small` workload,
-//! 30 million small allocations, the workload's own timing: off 232 ms, sample 351 ms
-//! (+51%; +40% without stacks), basic 581 ms (2.5×), full 53.7 s. In sample and basic
+//! 30 million small allocations, the workload's own timing: off 220 ms, sample 321 ms
+//! (+46%; +35% without stacks), basic 544 ms (2.5×), full 53.7 s. In sample and basic
 //! mode every `SystemAllocator` call leaves the fast path for its miss function, where the
 //! countdown, the sample filter and the record buffer are reached.)
 //!
