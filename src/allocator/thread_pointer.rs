@@ -96,10 +96,10 @@ mod imp {
         if phdr == 0 || count == 0 {
             return false;
         }
+        let table = phdr as *const libc::Elf64_Phdr;
         // SAFETY: the kernel's AT_PHDR/AT_PHNUM describe the main program's program header
         // table, mapped for the life of the process.
-        let headers =
-            unsafe { core::slice::from_raw_parts(phdr as *const libc::Elf64_Phdr, count) };
+        let headers = unsafe { core::slice::from_raw_parts(table, count) };
         // The load bias: where the table is minus where the program said it would be.
         let Some(bias) = headers
             .iter()
