@@ -125,8 +125,8 @@ impl SystemAllocator {
 // unaliased blocks of at least `layout.size()` bytes aligned to `layout.align()`, or null;
 // each free goes back the way its block came (the layout decides, as on allocation);
 // `realloc` keeps contents and alignment. Nothing here unwinds: misuse aborts with a message.
-// With records on (one relaxed load tells), each call takes the recording path, which
-// calls the same plain operation.
+// With records on (the thread cache's mirror of the records word tells the small paths, one
+// relaxed load of the word the others), each call records around the same plain operation.
 unsafe impl GlobalAlloc for SystemAllocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
