@@ -7,6 +7,7 @@
 use crate::records;
 use crate::registry::SYSTEM;
 use crate::schema::HphaStats;
+use crate::schema::hpha::large::LargeGrant;
 use crate::schema::hpha::size_class::{CLASS_BY_UNITS, MAX_SMALL, class_for, class_size};
 use crate::thread_cache::{self, CacheRef, HEAP, HOOK_ALLOC, HOOK_FREE, SampleCharge};
 use core::alloc::{GlobalAlloc, Layout};
@@ -363,14 +364,7 @@ fn alloc_zeroed_plain(layout: Layout) -> *mut u8 {
         }
         None => {
             thread_cache::apply_environment_once();
-            let grant = HEAP.large_heap().allocate(
-                layout.size(),
-                layout.align(),
-                HEAP.source(),
-                HEAP.stamp(),
-            );
-            HEAP.after_slow_path();
-            match grant {
+            match allocate_large(layout) {
                 // SAFETY: past `dirty_prefix` the block already reads as zero.
                 Some(g) => unsafe {
                     g.ptr.write_bytes(0, g.dirty_prefix.min(layout.size()));
@@ -447,17 +441,17 @@ fn alloc_any(layout: Layout) -> *mut u8 {
     thread_cache::apply_environment_once();
     match class_for(layout.size(), layout.align()) {
         Some(class) => thread_cache::allocate(class),
-        None => {
-            let grant = HEAP.large_heap().allocate(
-                layout.size(),
-                layout.align(),
-                HEAP.source(),
-                HEAP.stamp(),
-            );
-            HEAP.after_slow_path();
-            grant.map_or(ptr::null_mut(), |g| g.ptr)
-        }
+        None => allocate_large(layout).map_or(ptr::null_mut(), |g| g.ptr),
     }
+}
+
+/// A block from the large heap (then a purge pass if one is due).
+fn allocate_large(layout: Layout) -> Option<LargeGrant> {
+    let grant =
+        HEAP.large_heap()
+            .allocate(layout.size(), layout.align(), HEAP.source(), HEAP.stamp());
+    HEAP.after_slow_path();
+    grant
 }
 
 /// Free for any layout; see [`alloc_any`].

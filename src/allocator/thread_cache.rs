@@ -339,10 +339,7 @@ impl ThreadCache {
             if slot.is_null() {
                 return self.allocate_slow(class);
             }
-            bin.head = (*slot).next;
-            self.owner_alloc(class);
-            mark_allocated(slot.cast());
-            slot.cast()
+            self.pop(bin, slot, class)
         }
     }
 
@@ -397,15 +394,11 @@ impl ThreadCache {
     unsafe fn free(&self, ptr: *mut u8, class: usize) {
         // SAFETY: `ptr` is a live small block of `class` (caller's contract); owning thread.
         unsafe {
-            check_free(ptr, class);
             if self.bin_full(class) {
+                check_free(ptr, class);
                 return self.free_slow(ptr, class);
             }
-            let bin = self.bin(class);
-            let slot: *mut FreeSlot = ptr.cast();
-            (*slot).next = bin.head;
-            bin.head = slot;
-            self.owner_free(class);
+            self.push(self.bin(class), ptr, class);
         }
     }
 
