@@ -172,10 +172,10 @@ unsafe impl GlobalAlloc for SystemAllocator {
 }
 
 /// A small allocation the thread cache's fast path did not serve: its bin was empty, or
-/// records want a look. With records that only sample, the thread's countdown is charged
-/// here and the block still comes from the cache. The fast path hands over its size class
-/// and cache (null: not reachable through the thread pointer). No calls but tail calls,
-/// so no stack frame.
+/// its class's allocation count reached the mark where records want a look (a sampled
+/// allocation, records of every allocation, a settings change). The fast path hands over
+/// the size class and its cache (null: not reachable through the thread pointer). No calls
+/// but tail calls, so no stack frame, except to record a block of every-allocation records.
 #[inline(never)]
 fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
     if tc.is_null() {
@@ -183,51 +183,54 @@ fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> 
     }
     // SAFETY: the fast path passes this thread's cache and the request's class.
     unsafe {
-        let p = thread_cache::allocate_sampling(tc, class, size);
-        if !p.is_null() {
-            return p;
-        }
-        if thread_cache::hooks_of(tc) & HOOK_ALLOC != 0 {
-            // Records of every allocation: take the block from the cache all the same and
-            // record it here, without the general path's layers.
-            let p = thread_cache::pop_any(tc, class);
-            if let Some(ptr) = NonNull::new(p) {
-                let layout = Layout::from_size_align_unchecked(size, align);
-                records::after_alloc(&SYSTEM, ptr, layout, class_size(class));
-                return p;
+        match thread_cache::charge(tc, class) {
+            SampleCharge::Skip => {
+                let p = thread_cache::pop_any(tc, class);
+                if !p.is_null() {
+                    return p;
+                }
+                thread_cache::refill(tc, class)
+            }
+            SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
+            SampleCharge::General => {
+                if thread_cache::hooks_of(tc) & HOOK_ALLOC != 0 {
+                    // Records of every allocation: take the block from the cache all the
+                    // same and record it here, without the general path's layers.
+                    let p = thread_cache::pop_any(tc, class);
+                    if let Some(ptr) = NonNull::new(p) {
+                        let layout = Layout::from_size_align_unchecked(size, align);
+                        records::after_alloc(&SYSTEM, ptr, layout, class_size(class));
+                        return p;
+                    }
+                }
+                alloc_slow(Layout::from_size_align_unchecked(size, align))
             }
         }
     }
-    alloc_small_general(size, align)
 }
 
 /// The fast path where the thread pointer cannot reach the cache: the same, through
 /// `thread_local!`.
 #[inline(never)]
 fn alloc_small_tls(size: usize, align: usize, class: usize) -> *mut u8 {
-    let p = thread_cache::allocate_sampling_tls(class, size);
-    if !p.is_null() {
-        return p;
-    }
-    alloc_small_general(size, align)
-}
-
-/// A small allocation neither fast path served: sampling's decision (the countdown ran
-/// out), a refill, or the general path (records of every allocation, a new thread).
-#[inline(never)]
-fn alloc_small_general(size: usize, align: usize) -> *mut u8 {
-    // SAFETY: the fast path had a valid layout with this size and alignment.
-    let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
-    if let Some(class) = small_fast_class(layout) {
-        match thread_cache::charge_sample(size) {
-            SampleCharge::Skip => return thread_cache::allocate(class),
-            SampleCharge::Sampled(interval) => {
-                return records::global::alloc_sampled(layout, interval, alloc_plain);
-            }
-            SampleCharge::General => {}
+    match thread_cache::charge_tls(class) {
+        SampleCharge::Skip => thread_cache::allocate(class),
+        SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
+        SampleCharge::General => {
+            // SAFETY: the fast path had a valid layout with this size and alignment.
+            let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
+            alloc_slow(layout)
         }
     }
-    alloc_slow(layout)
+}
+
+/// A small allocation the thread cache's countdown chose: allocated and recorded as a
+/// sample drawn at mean `interval`.
+#[inline(never)]
+fn alloc_small_sampled(size: usize, align: usize, interval: u64) -> *mut u8 {
+    // SAFETY: the fast path had a valid layout with this size and alignment.
+    let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
+    records::global::alloc_sampled(layout, interval, alloc_plain)
 }
 
 /// Allocation off the fast path: not a small request, or records on.

@@ -37,7 +37,13 @@ use crate::sync::{SpinGuard, SpinLock};
 use core::alloc::Layout;
 use core::cell::{Cell, UnsafeCell};
 use core::ptr::{self, null_mut};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*, fence};
+
+/// Marks the branch that calls it as unlikely (`core::hint::cold_path` on newer compilers):
+/// a call to an empty cold function, which inlining removes but whose weight stays.
+#[cold]
+#[inline(always)]
+fn cold_path() {}
 
 /// The process-wide heap behind `SystemAllocator` and the thread caches.
 pub(crate) static HEAP: HphaSchema<OsAllocator> = HphaSchema::new(OsAllocator);
@@ -70,10 +76,12 @@ const STATE_ACTIVE: u8 = 1;
 const STATE_DEAD: u8 = 2;
 
 /// [`ThreadCache::hooks`]: allocations take the `SystemAllocator`'s general path (records of
-/// every allocation, the environment not read yet, or a cache that is not registered).
+/// every allocation, the environment not read yet, or a cache that is not registered). The
+/// allocation fast path does not read the hooks: each class's
+/// [`open_until`](ClassSlot::open_until) mark, set from them, sends it to its miss path.
 pub(crate) const HOOK_ALLOC: u8 = 1;
-/// Allocations are sampled: the fast path charges the thread's countdown and leaves it only
-/// for the allocation that takes the countdown to zero.
+/// Allocations are sampled: each class's [`open_until`](ClassSlot::open_until) mark is the
+/// allocation count of its next sampled block, so the fast path leaves only for that one.
 pub(crate) const HOOK_SAMPLE: u8 = 2;
 /// Frees take the general path (records of any block may be in the table).
 pub(crate) const HOOK_FREE: u8 = 4;
@@ -97,6 +105,11 @@ struct Bin {
     /// (the list is empty then), so the bin holds at most `limit` plus one refill. Kept
     /// this way, the fast paths update only the statistics' counters, never a second one.
     full_at: i64,
+}
+
+/// How big one size class's bin may grow; only the slow paths read it, so it lives apart
+/// from the [`Bin`] (which keeps a class's fast-path slot at 40 bytes).
+struct BinSizing {
     /// Blocks to take at the next refill: starts small so a short-lived thread that uses a
     /// class once does not take (and later give back) a whole batch, and doubles with use
     /// up to half the limit.
@@ -174,7 +187,19 @@ struct ClassSlot {
     bin: UnsafeCell<Bin>,
     allocations: AtomicU64,
     frees: AtomicU64,
+    /// The fast path serves an allocation only while `allocations` is below this: [`OPEN`]
+    /// with records off, [`CLOSED`] when every allocation must step aside (records of every
+    /// allocation, a cache not registered, a settings change not yet seen by the owner), and
+    /// while sampling the count at which the class's next sampled allocation falls. The
+    /// owner writes it on its miss path; a thread changing the records settings closes it.
+    open_until: AtomicU64,
 }
+
+/// [`ClassSlot::open_until`] with records off.
+const OPEN: u64 = u64::MAX;
+/// [`ClassSlot::open_until`] when the next allocation must take the miss path and look at
+/// the hooks; while sampling, also "no countdown drawn for this class yet".
+const CLOSED: u64 = 0;
 
 /// One thread's cache. Lives in TLS; other threads only read its counters and, under the
 /// registry lock, its links.
@@ -184,12 +209,11 @@ pub(crate) struct ThreadCache {
     /// registry lock by whoever changes the word and read by the owner with one load from
     /// its own TLS (no static to reach, no shared line). 0: records off, nothing to do.
     hooks: AtomicU8,
-    /// Bytes the owner may still allocate on the fast path before the next sampled
-    /// allocation (owner only; see [`HOOK_SAMPLE`]). 0 until the first countdown is drawn.
-    sample_left: Cell<i64>,
     /// The owner's generator for sample countdowns (0 until seeded).
     sample_rng: Cell<u64>,
     slots: [ClassSlot; CLASS_COUNT],
+    /// Owner only.
+    sizing: [UnsafeCell<BinSizing>; CLASS_COUNT],
     /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`).
     shards: ShardSet,
     state: Cell<u8>,
@@ -201,19 +225,23 @@ impl ThreadCache {
     const fn new() -> Self {
         Self {
             hooks: AtomicU8::new(HOOKS_UNREGISTERED),
-            sample_left: Cell::new(0),
             sample_rng: Cell::new(0),
             slots: [const {
                 ClassSlot {
                     bin: UnsafeCell::new(Bin {
                         head: null_mut(),
                         full_at: 0,
-                        refill: FIRST_REFILL,
-                        limit: 0,
                     }),
                     allocations: AtomicU64::new(0),
                     frees: AtomicU64::new(0),
+                    open_until: AtomicU64::new(CLOSED),
                 }
+            }; CLASS_COUNT],
+            sizing: [const {
+                UnsafeCell::new(BinSizing {
+                    refill: FIRST_REFILL,
+                    limit: 0,
+                })
             }; CLASS_COUNT],
             shards: ShardSet::new(),
             state: Cell::new(STATE_NEW),
@@ -233,6 +261,17 @@ impl ThreadCache {
         // SAFETY: forwarded from the caller; the `&mut` covers only the bin, never the
         // counters other threads read.
         unsafe { &mut *self.slots.get_unchecked(class).bin.get() }
+    }
+
+    /// The sizing of the bin of `class`.
+    ///
+    /// # Safety
+    /// As for [`bin`](Self::bin).
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn sizing(&self, class: usize) -> &mut BinSizing {
+        // SAFETY: forwarded from the caller.
+        unsafe { &mut *self.sizing.get_unchecked(class).get() }
     }
 
     /// Counts an allocation; only the owning thread writes, so a load and a store suffice.
@@ -283,8 +322,8 @@ impl ThreadCache {
     /// Owning thread; `class < CLASS_COUNT`.
     unsafe fn count(&self, class: usize) -> i32 {
         // SAFETY: forwarded from the caller.
-        let bin = unsafe { self.bin(class) };
-        (self.net_frees(class) - (bin.full_at - i64::from(bin.limit))) as i32
+        let (bin, limit) = unsafe { (self.bin(class), self.sizing(class).limit) };
+        (self.net_frees(class) - (bin.full_at - i64::from(limit))) as i32
     }
 
     /// Sets the bin's count (its limit stays).
@@ -294,8 +333,8 @@ impl ThreadCache {
     unsafe fn set_count(&self, class: usize, count: i32) {
         let net = self.net_frees(class);
         // SAFETY: forwarded from the caller.
-        let bin = unsafe { self.bin(class) };
-        bin.full_at = net - i64::from(count) + i64::from(bin.limit);
+        let (bin, limit) = unsafe { (self.bin(class), self.sizing(class).limit) };
+        bin.full_at = net - i64::from(count) + i64::from(limit);
     }
 
     /// Sets the bin's limit, its count staying.
@@ -306,7 +345,7 @@ impl ThreadCache {
         // SAFETY: forwarded from the caller.
         unsafe {
             let count = self.count(class);
-            self.bin(class).limit = limit;
+            self.sizing(class).limit = limit;
             self.set_count(class, count);
         }
     }
@@ -364,16 +403,16 @@ impl ThreadCache {
             return unsafe { self.allocate_slow(class) };
         }
         // SAFETY: owning thread, valid class.
-        let bin = unsafe { self.bin(class) };
-        let full_batch = bin.limit as u32 / 2;
-        let want = bin.refill.min(full_batch).max(1) as usize;
+        let (bin, sizing) = unsafe { (self.bin(class), self.sizing(class)) };
+        let full_batch = sizing.limit as u32 / 2;
+        let want = sizing.refill.min(full_batch).max(1) as usize;
         // A bin in steady use takes a page's whole free list up to eight times its batch,
         // without walking those cold blocks (a producer feeding a consumer); a bin still
         // ramping up (a short-lived thread, a class in light use) only up to twice, so that
         // threads do not hold free blocks others would then carve fresh memory for
         // (`threads` workload: peak RSS 5.6 MiB with eight times everywhere, 4.8 with this).
         let splice = want * if want as u32 >= full_batch { 8 } else { 2 };
-        bin.refill = bin.refill.saturating_mul(2);
+        sizing.refill = sizing.refill.saturating_mul(2);
         let (head, got) = small.take_slots(class, want, splice, HEAP.source());
         HEAP.after_slow_path();
         if got == 0 {
@@ -419,8 +458,8 @@ impl ThreadCache {
         // SAFETY: owning thread, valid class; the slots handed back are free.
         unsafe {
             let count = self.count(class);
-            let bin = self.bin(class);
-            if count >= bin.limit {
+            let (bin, sizing) = (self.bin(class), self.sizing(class));
+            if count >= sizing.limit {
                 // Give back the most recent frees: they are at the front of the list and
                 // warm in this core's cache, so walking them is cheap. Blocks behind them (a
                 // page's free list handed over whole by a refill) are not walked. Keep half
@@ -428,7 +467,7 @@ impl ThreadCache {
                 // refill is still small): a thread that mostly frees what others allocate (a
                 // consumer, a thread collecting survivors) keeps a few blocks and hands the
                 // rest back in one batch (prodcons 280 ms vs 313 keeping half).
-                let keep = (bin.limit / 2).min(bin.refill.min(i32::MAX as u32) as i32);
+                let keep = (sizing.limit / 2).min(sizing.refill.min(i32::MAX as u32) as i32);
                 let give = count - keep;
                 let first = bin.head;
                 let mut last = first;
@@ -505,7 +544,12 @@ impl ThreadCache {
         list.count += 1;
         // Read under the registry lock: a change of the word made before this is seen here,
         // one made after it is propagated to this cache by `system_records_changed`.
-        self.hooks.store(records::global::thread_hooks(), Relaxed);
+        let hooks = records::global::thread_hooks();
+        self.hooks.store(hooks, Relaxed);
+        for slot in &self.slots {
+            slot.open_until
+                .store(Self::initial_open_until(hooks), Relaxed);
+        }
         self.state.set(STATE_ACTIVE);
         drop(list);
         super::thread_pointer::learn(me.addr());
@@ -521,14 +565,16 @@ impl ThreadCache {
         unsafe { self.flush_all() };
         self.state.set(STATE_DEAD);
         self.hooks.store(HOOKS_UNREGISTERED, Relaxed);
+        for slot in &self.slots {
+            slot.open_until.store(CLOSED, Relaxed);
+        }
         self.move_counts_to_orphans();
         for class in 0..CLASS_COUNT {
             // SAFETY: as above. The counts are zero now and the bins empty: limit 0 and a
             // full bin, so every later free takes the slow path.
             unsafe {
-                let bin = self.bin(class);
-                bin.limit = 0;
-                bin.full_at = 0;
+                self.sizing(class).limit = 0;
+                self.bin(class).full_at = 0;
             }
         }
         self.shards.retire();
@@ -591,8 +637,9 @@ pub(crate) unsafe fn free(ptr: *mut u8, class: usize) {
 pub(crate) type CacheRef = *const ThreadCache;
 
 /// The small-allocation fast path of `SystemAllocator::alloc`: pops a block of `class`.
-/// Everything else — an empty bin, [`hooks`](ThreadCache::hooks) saying records want a
-/// look first, or a cache only reachable through `thread_local!` — goes to
+/// Everything else — an empty bin, the class's allocation count at its
+/// [`open_until`](ClassSlot::open_until) mark (records want a look: a sampled allocation, or
+/// records of every allocation), or a cache only reachable through `thread_local!` — goes to
 /// `miss(size, align, class, cache)`, a single way out that keeps the caller's own
 /// arguments in their own registers (so the fast path needs no stack frame and no moves)
 /// and hands on what the fast path already worked out.
@@ -618,17 +665,28 @@ pub(crate) fn allocate_gated(
     miss(layout.size(), layout.align(), class, tc)
 }
 
-/// Where [`allocate_gated`] missed with a cache in hand: a block of `class` for a request
-/// of `size` bytes if the bin has one and records need no look, or only sample and the
-/// countdown (charged here) does not run out; null otherwise, with nothing charged.
+/// Where [`allocate_gated`] missed with a cache in hand: what the records settings say
+/// about this allocation of `class` (see [`SampleCharge`]). Also reopens the fast path of a
+/// class that a settings change closed.
 ///
 /// # Safety
 /// `tc` is the calling thread's cache as [`allocate_gated`] passed it (not null);
 /// `class < CLASS_COUNT`.
 #[inline(always)]
-pub(crate) unsafe fn allocate_sampling(tc: CacheRef, class: usize, size: usize) -> *mut u8 {
+pub(crate) unsafe fn charge(tc: CacheRef, class: usize) -> SampleCharge {
     // SAFETY: forwarded from the caller.
-    unsafe { (*tc).allocate_sampling(class, size) }
+    unsafe { (*tc).charge(class) }
+}
+
+/// Takes a block of `class` from the heap into an empty bin and returns it (the refill
+/// behind [`pop_any`]); null when the heap is out of memory.
+///
+/// # Safety
+/// As for [`charge`].
+#[inline(always)]
+pub(crate) unsafe fn refill(tc: CacheRef, class: usize) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    unsafe { (*tc).allocate_slow(class) }
 }
 
 /// The records hooks of a cache a fast path found (see [`ThreadCache::hooks`]).
@@ -645,7 +703,7 @@ pub(crate) unsafe fn hooks_of(tc: CacheRef) -> u8 {
 /// bin is empty (always so for a cache that is not registered).
 ///
 /// # Safety
-/// As for [`allocate_sampling`].
+/// As for [`charge`].
 #[inline(always)]
 pub(crate) unsafe fn pop_any(tc: CacheRef, class: usize) -> *mut u8 {
     // SAFETY: forwarded from the caller.
@@ -678,11 +736,12 @@ pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool 
     }
 }
 
-/// [`allocate_sampling`] through `thread_local!` (slower to call: planned as a helper call).
+/// [`charge`] through `thread_local!`: [`SampleCharge::General`] for a cache that is not
+/// registered.
 #[inline(always)]
-pub(crate) fn allocate_sampling_tls(class: usize, size: usize) -> *mut u8 {
+pub(crate) fn charge_tls(class: usize) -> SampleCharge {
     // SAFETY: the cache is this thread's own; `class` comes from the class table.
-    CACHE.with(|tc| unsafe { tc.allocate_sampling(class, size) })
+    CACHE.with(|tc| unsafe { tc.charge(class) })
 }
 
 /// The small-free fast path of `SystemAllocator::dealloc`: pushes the block onto its bin.
@@ -706,7 +765,7 @@ pub(crate) unsafe fn free_gated(
         let tc: CacheRef = match thread_pointer::cache_address() {
             Some(addr) => {
                 let tc = addr as CacheRef;
-                if (*tc).free_open(ptr, class) {
+                if (*tc).free_filtered(ptr, class) {
                     return;
                 }
                 tc
@@ -717,9 +776,8 @@ pub(crate) unsafe fn free_gated(
     }
 }
 
-/// Where [`free_gated`] missed with a cache in hand: whether the block went onto its bin
+/// [`free_gated`]'s test again, for its miss path: whether the block went onto its bin
 /// (`false`: the bin is full or records may hold the block; the block is untouched then).
-/// Frees that only the sample filter held up go onto the bin once it rules the block out.
 ///
 /// # Safety
 /// `tc` is the calling thread's cache as [`free_gated`] passed it (not null); `ptr` is a
@@ -741,7 +799,8 @@ pub(crate) unsafe fn free_filtered_tls(ptr: *mut u8, class: usize) -> bool {
 }
 
 impl ThreadCache {
-    /// Pops a block of `class` if the bin has one and records need no look; null otherwise.
+    /// Pops a block of `class` if the bin has one and the class's allocation count is below
+    /// its [`open_until`](ClassSlot::open_until) mark; null otherwise.
     ///
     /// # Safety
     /// Owning thread; `class < CLASS_COUNT`.
@@ -749,34 +808,17 @@ impl ThreadCache {
     unsafe fn allocate_open(&self, class: usize) -> *mut u8 {
         // SAFETY: forwarded from the caller.
         unsafe {
-            let bin = self.bin(class);
+            let class_slot = self.slots.get_unchecked(class);
+            let bin = &mut *class_slot.bin.get();
             let slot = bin.head;
-            if self.hooks.load(Relaxed) & (HOOK_ALLOC | HOOK_SAMPLE) != 0 || slot.is_null() {
+            let count = class_slot.allocations.load(Relaxed);
+            if slot.is_null() || count >= class_slot.open_until.load(Relaxed) {
                 return null_mut();
             }
-            self.pop(bin, slot, class)
-        }
-    }
-
-    /// [`allocate_open`](Self::allocate_open), also when records only sample and this
-    /// request of `size` bytes leaves the countdown above zero (it is charged then).
-    ///
-    /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`.
-    #[inline(always)]
-    unsafe fn allocate_sampling(&self, class: usize, size: usize) -> *mut u8 {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            let bin = self.bin(class);
-            let slot = bin.head;
-            if slot.is_null() {
-                return null_mut();
-            }
-            let hooks = self.hooks.load(Relaxed) & (HOOK_ALLOC | HOOK_SAMPLE);
-            if hooks != 0 && (hooks != HOOK_SAMPLE || !self.skip_sample(size)) {
-                return null_mut();
-            }
-            self.pop(bin, slot, class)
+            bin.head = (*slot).next;
+            class_slot.allocations.store(count + 1, Relaxed);
+            mark_allocated(slot.cast());
+            slot.cast()
         }
     }
 
@@ -795,38 +837,107 @@ impl ThreadCache {
         slot.cast()
     }
 
-    /// Charges `size` bytes to the sample countdown if that leaves it above zero.
-    #[inline(always)]
-    fn skip_sample(&self, size: usize) -> bool {
-        let left = self.sample_left.get() - size as i64; // small: far below i64::MAX
-        if left > 0 {
-            self.sample_left.set(left);
-            return true;
-        }
-        false
-    }
-
-    /// Pushes a block of `class` if the bin has room and records need no look.
+    /// The owner's decision on an allocation of `class` that missed the fast path (see
+    /// [`SampleCharge`]).
+    ///
+    /// Sampling draws, per class, how many blocks until the next sampled one: each byte is
+    /// sampled with probability `1/N` (the countdown of [`records::sample`] is memoryless),
+    /// so a block of the class's size `g` is sampled with probability `1 − e^(−g/N)`, and
+    /// the blocks to the next sample follow the geometric law `⌈E/g⌉` with `E` exponential of
+    /// mean `N`. Classes count apart, which changes nothing in law (the byte streams of the
+    /// classes are independent Poisson processes of the same rate) and leaves the fast path
+    /// one compare of the count it already loads.
     ///
     /// # Safety
-    /// Owning thread; `ptr` is a live small block of `class`.
+    /// Owning thread; `class < CLASS_COUNT`.
     #[inline(always)]
-    unsafe fn free_open(&self, ptr: *mut u8, class: usize) -> bool {
+    unsafe fn charge(&self, class: usize) -> SampleCharge {
+        let hooks = self.hooks.load(Relaxed);
         // SAFETY: forwarded from the caller.
-        unsafe {
-            let bin = self.bin(class);
-            if self.hooks.load(Relaxed) & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0
-                || self.bin_full(class)
-            {
-                return false;
+        let slot = unsafe { self.slots.get_unchecked(class) };
+        let until = slot.open_until.load(Relaxed);
+        if hooks & (HOOK_ALLOC | HOOK_SAMPLE) == 0 {
+            if until != OPEN {
+                self.set_open_until(class, OPEN, hooks);
             }
-            self.push(bin, ptr, class);
-            true
+            return SampleCharge::Skip;
+        }
+        if hooks & (HOOK_ALLOC | HOOK_SAMPLE) != HOOK_SAMPLE {
+            return SampleCharge::General;
+        }
+        let count = slot.allocations.load(Relaxed);
+        if count < until {
+            return SampleCharge::Skip; // an empty bin, not a sample
+        }
+        self.charge_sampled(class, hooks, count, until)
+    }
+
+    /// [`charge`](Self::charge) when the class's countdown ran out or was never drawn.
+    #[cold]
+    #[inline(never)]
+    fn charge_sampled(&self, class: usize, hooks: u8, count: u64, until: u64) -> SampleCharge {
+        let Some(interval) = records::global::sample_interval() else {
+            return SampleCharge::General; // the mode is changing: the hooks follow
+        };
+        let mut rng = self.sample_rng.get();
+        if rng == 0 {
+            rng = records::global::sample_seed(ptr::from_ref(self).addr());
+        }
+        let size = class_size(class) as u64;
+        let mut blocks = || {
+            let bytes = records::global::draw_countdown(&mut rng, interval) as u64; // ≥ 1
+            bytes.div_ceil(size)
+        };
+        // `until == count` (and not CLOSED): the countdown drawn at the last sample ends at
+        // this block. Otherwise none is drawn (or plain-path allocations, which sampling
+        // sees elsewhere, ran past it): draw afresh, this block being its first.
+        let charge = if until != CLOSED && count == until {
+            SampleCharge::Sampled(interval)
+        } else {
+            let first = blocks();
+            if first > 1 {
+                self.sample_rng.set(rng);
+                // This block is the first of `first`: the fast path serves the next
+                // `first - 2` and the one after misses here.
+                self.set_open_until(class, count.saturating_add(first - 1), hooks);
+                return SampleCharge::Skip;
+            }
+            SampleCharge::Sampled(interval)
+        };
+        // This block is sampled; the next sampled one is `blocks()` blocks after it.
+        let next = blocks();
+        self.sample_rng.set(rng);
+        self.set_open_until(class, count.saturating_add(next), hooks);
+        charge
+    }
+
+    /// Sets the class's [`open_until`](ClassSlot::open_until) mark as the owner, the records
+    /// settings being `hooks`. If another thread changed the settings meanwhile, the mark
+    /// ends closed: it stores the hooks, fences, then closes every mark; the owner stores
+    /// the mark, fences, then reads the hooks. Sequentially consistent fences order the
+    /// two: either the owner sees the new hooks (and closes the mark itself) or its store
+    /// comes first in the mark's modification order (and the other thread's close wins).
+    fn set_open_until(&self, class: usize, until: u64, hooks: u8) {
+        let slot = &self.slots[class];
+        slot.open_until.store(until, Relaxed);
+        fence(SeqCst);
+        if self.hooks.load(Relaxed) != hooks {
+            slot.open_until.store(CLOSED, Relaxed);
         }
     }
 
-    /// [`free_open`](Self::free_open), also when records only sample and the sample filter
-    /// rules the block out.
+    /// The [`open_until`](ClassSlot::open_until) mark every class starts from when the
+    /// records settings are `hooks`.
+    fn initial_open_until(hooks: u8) -> u64 {
+        if hooks & (HOOK_ALLOC | HOOK_SAMPLE) == 0 {
+            OPEN
+        } else {
+            CLOSED
+        }
+    }
+
+    /// Pushes a block of `class` if the bin has room and no record may hold the block:
+    /// records are off, or only sample and the sample filter rules the block out.
     ///
     /// # Safety
     /// Owning thread; `ptr` is a live small block of `class`.
@@ -835,10 +946,15 @@ impl ThreadCache {
         // SAFETY: forwarded from the caller.
         unsafe {
             let bin = self.bin(class);
-            let hooks = self.hooks.load(Relaxed) & (HOOK_FREE | HOOK_FREE_SAMPLED);
-            if hooks != 0 && (hooks != HOOK_FREE_SAMPLED || records::global::maybe_sampled(ptr))
-                || self.bin_full(class)
-            {
+            let hooks = self.hooks.load(Relaxed);
+            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0 {
+                // Out of the straight line: records off is the case to keep short.
+                cold_path();
+                if hooks & HOOK_FREE != 0 || records::global::maybe_sampled(ptr) {
+                    return false;
+                }
+            }
+            if self.bin_full(class) {
                 return false;
             }
             self.push(bin, ptr, class);
@@ -864,54 +980,16 @@ impl ThreadCache {
     }
 }
 
-/// What sampling says about a small allocation that missed the fast path.
+/// What the records settings say about a small allocation that missed the fast path.
 pub(crate) enum SampleCharge {
-    /// Not sampled (the countdown was charged): take a block from the cache.
+    /// Nothing to record: take a block from the cache (the bin was empty, or the fast path
+    /// was closed and is open again).
     Skip,
-    /// Sampled at this mean interval (a new countdown was drawn): record it.
+    /// Sampled at this mean interval (the class's countdown ran out): record it.
     Sampled(u64),
     /// Not a sampling matter (records of every allocation, a cache not registered, the
     /// environment not read): take the general path.
     General,
-}
-
-/// Charges an allocation of `size` bytes to the calling thread's sample countdown.
-#[inline]
-pub(crate) fn charge_sample(size: usize) -> SampleCharge {
-    CACHE.with(|tc| {
-        if tc.hooks.load(Relaxed) & (HOOK_ALLOC | HOOK_SAMPLE) != HOOK_SAMPLE {
-            return SampleCharge::General;
-        }
-        let size = size as i64; // a small request: far below i64::MAX
-        let left = tc.sample_left.get();
-        if left > size {
-            tc.sample_left.set(left - size);
-            return SampleCharge::Skip;
-        }
-        let Some(interval) = records::global::sample_interval() else {
-            return SampleCharge::General;
-        };
-        let mut rng = tc.sample_rng.get();
-        if rng == 0 {
-            rng = records::global::sample_seed(ptr::from_ref(tc).addr());
-        }
-        let charge = if left == 0 {
-            // The thread's first sampled allocation: draw its first countdown, then charge.
-            let first = records::global::draw_countdown(&mut rng, interval);
-            if first > size {
-                tc.sample_left.set(first - size);
-                tc.sample_rng.set(rng);
-                return SampleCharge::Skip;
-            }
-            SampleCharge::Sampled(interval)
-        } else {
-            SampleCharge::Sampled(interval)
-        };
-        tc.sample_left
-            .set(records::global::draw_countdown(&mut rng, interval));
-        tc.sample_rng.set(rng);
-        charge
-    })
 }
 
 /// Tells every registered cache that the `SystemAllocator`'s record settings changed: each
@@ -925,6 +1003,19 @@ pub(crate) fn system_records_changed() {
         // SAFETY: registered caches are valid while the registry lock is held.
         unsafe {
             (*tc).hooks.store(hooks, Relaxed);
+            tc = (*tc).next.load(Relaxed);
+        }
+    }
+    // Then close every class's fast path, so that each owner looks at its hooks at its next
+    // allocation (see `ThreadCache::set_open_until` for why the fence).
+    fence(SeqCst);
+    let mut tc = list.head;
+    while !tc.is_null() {
+        // SAFETY: as above.
+        unsafe {
+            for slot in &(*tc).slots {
+                slot.open_until.store(CLOSED, Relaxed);
+            }
             tc = (*tc).next.load(Relaxed);
         }
     }

@@ -97,6 +97,7 @@ mod sample;
 mod snapshot;
 mod stack;
 mod table;
+mod unwind;
 
 pub use mode::{RecordMode, RecordSettings};
 pub use sample::{sample_probability, sample_weight};
@@ -370,7 +371,8 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
 }
 
 /// Records a block the `SystemAllocator`'s thread cache sampled at mean `interval` (its
-/// countdown made the decision, so this only weighs and inserts).
+/// countdown made the decision, so this only weighs and inserts). The cache counts blocks
+/// of a size class, so a block's chance of being sampled follows its `granted` size.
 #[inline(never)]
 pub(crate) fn record_sampled(
     reg: &'static Registration,
@@ -386,7 +388,7 @@ pub(crate) fn record_sampled(
     let Some(index) = reg.index() else {
         return;
     };
-    let weight = sample::sample_weight(layout.size(), interval);
+    let weight = sample::sample_weight(granted, interval);
     let frames = (word >> 8) as u8;
     insert(
         index,

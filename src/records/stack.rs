@@ -1,8 +1,8 @@
 //! Call stacks: captured unresolved on the allocation path, interned in a table of their own.
 //!
-//! A capture walks the stack with `backtrace::trace_unsynchronized` (the platform unwinder,
-//! `_Unwind_Backtrace` on Linux, which allocates nothing through Rust's global allocator)
-//! and keeps only instruction pointers. Frames of the recorder itself are skipped by stack
+//! A capture walks the stack with [`unwind`](super::unwind) (the platform unwinder, which
+//! allocates nothing through Rust's global allocator, replayed from what it learnt) and
+//! keeps only instruction pointers. Frames of the recorder itself are skipped by stack
 //! address: any frame whose canonical frame address lies below a marker taken in the
 //! recording entry point belongs to the capture machinery. Up to [`PLUMBING`] frames more
 //! than asked are kept, because the first frames above the recorder are the allocator's and
@@ -39,27 +39,7 @@ pub(crate) fn capture(frames: u8, boundary: usize) -> Captured {
         ips: [0; MAX_CAPTURE],
         len: 0,
     };
-    let mut seen = 0usize;
-    let mut each = |frame: &backtrace::Frame| {
-        seen += 1;
-        if seen > 256 {
-            return false; // a corrupt or cyclic stack: stop
-        }
-        let cfa = frame.sp() as usize;
-        if cfa != 0 && cfa <= boundary {
-            return true; // the recorder's own frames
-        }
-        let ip = frame.ip() as usize;
-        if ip == 0 {
-            return false;
-        }
-        out.ips[out.len] = ip;
-        out.len += 1;
-        out.len < want
-    };
-    // SAFETY: unsafe only for lack of serialisation; here it calls the thread-safe platform
-    // unwinder (`_Unwind_Backtrace`), and the callback never panics nor allocates.
-    unsafe { backtrace::trace_unsynchronized(&mut each) };
+    out.len = super::unwind::walk(boundary, &mut out.ips[..want]);
     out
 }
 
