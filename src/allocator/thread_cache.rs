@@ -68,6 +68,18 @@ const fn bin_limit(class: usize) -> u32 {
     }) as u32
 }
 
+/// How many blocks of `class` a cache holds before its thread first allocates the class:
+/// a quarter of the limit. A thread that only frees a class (it collects what others
+/// allocated) then keeps little of it from the threads that could reuse it.
+const fn freeing_limit(class: usize) -> u32 {
+    let n = bin_limit(class) / 4;
+    if n < MIN_BIN_BLOCKS as u32 {
+        MIN_BIN_BLOCKS as u32
+    } else {
+        n
+    }
+}
+
 /// Blocks taken by the first refill of a bin.
 const FIRST_REFILL: u32 = 4;
 
@@ -403,6 +415,12 @@ impl ThreadCache {
             return unsafe { self.allocate_slow(class) };
         }
         // SAFETY: owning thread, valid class.
+        if unsafe { self.sizing(class) }.limit < bin_limit(class) as i32 {
+            // The thread allocates this class itself: its bin may hold a full limit now.
+            // SAFETY: as above.
+            unsafe { self.set_limit(class, bin_limit(class) as i32) };
+        }
+        // SAFETY: owning thread, valid class.
         let (bin, sizing) = unsafe { (self.bin(class), self.sizing(class)) };
         let full_batch = sizing.limit as u32 / 2;
         let want = sizing.refill.min(full_batch).max(1) as usize;
@@ -531,7 +549,7 @@ impl ThreadCache {
         }
         for class in 0..CLASS_COUNT {
             // SAFETY: owning thread.
-            unsafe { self.set_limit(class, bin_limit(class) as i32) };
+            unsafe { self.set_limit(class, freeing_limit(class) as i32) };
         }
         let mut list = THREADS.lock();
         self.prev.store(null_mut(), Relaxed);
