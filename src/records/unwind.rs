@@ -17,10 +17,11 @@
 //!   does only for over-aligned locals;
 //! - a frame after which the platform unwinder stopped (the outermost frames of a thread)
 //!   is marked terminal, so a replay stops there too;
-//! - the replay reads only between the current stack pointer and the highest CFA the
-//!   platform unwinder has reached on this thread, all of it this thread's mapped stack;
-//!   anything outside, or a return address never learnt, falls back to the platform
-//!   unwinder for the whole walk.
+//! - the replay reads only inside the thread's own stack as pthread reports it (asked once
+//!   per thread), and only while the stack pointer is in it: code running on another stack
+//!   (a coroutine's) always takes the platform unwinder, so a stack switch can never lead
+//!   a replay into a guard page. Anything outside, or a return address never learnt, falls
+//!   back to the platform unwinder for the whole walk.
 //!
 //! A replay can only go wrong for a frame whose size changed after two walks agreed on it
 //! (a stack realigned from a differently aligned caller, C's `alloca`) or for code loaded
@@ -73,9 +74,9 @@ mod imp {
     static OWN_OFFSET: AtomicUsize = AtomicUsize::new(0);
 
     thread_local! {
-        /// The highest CFA the platform unwinder reached on this thread: the stack is
-        /// mapped from the stack pointer up to here.
-        static STACK_HIGH: Cell<usize> = const { Cell::new(0) };
+        /// This thread's stack, `[low, high)` as pthread reports it; `(0, 0)` until asked,
+        /// `(1, 1)` when pthread could not tell (then the thread never replays).
+        static STACK: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
     }
 
     /// Entries per set: a return address may sit in any entry of its set, so that two hot
@@ -169,6 +170,35 @@ mod imp {
         }
     }
 
+    /// This thread's stack bounds (see [`STACK`]).
+    fn thread_stack() -> (usize, usize) {
+        let known = STACK.with(Cell::get);
+        if known.0 != 0 {
+            return known;
+        }
+        let bounds = ask_pthread().unwrap_or((1, 1));
+        STACK.with(|s| s.set(bounds));
+        bounds
+    }
+
+    /// The calling thread's stack from `pthread_getattr_np` (for the main thread glibc reads
+    /// it from `/proc/self/maps`, with its own malloc, never Rust's global allocator).
+    fn ask_pthread() -> Option<(usize, usize)> {
+        let mut attr = core::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+        // SAFETY: `attr` is written by `pthread_getattr_np` before use and destroyed once.
+        unsafe {
+            if libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) != 0 {
+                return None;
+            }
+            let mut addr: *mut libc::c_void = core::ptr::null_mut();
+            let mut size: libc::size_t = 0;
+            let ok = libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size) == 0;
+            libc::pthread_attr_destroy(attr.as_mut_ptr());
+            let low = addr as usize;
+            (ok && low > 1 && size > 0).then(|| (low, low + size))
+        }
+    }
+
     #[inline(always)]
     fn stack_pointer() -> usize {
         let sp: usize;
@@ -210,8 +240,8 @@ mod imp {
     /// the platform unwinder must walk, and `out` is to be overwritten).
     fn replay(mut sp: usize, boundary: usize, out: &mut [usize]) -> Option<usize> {
         let own = OWN_OFFSET.load(Relaxed);
-        let high = STACK_HIGH.with(Cell::get);
-        if own == 0 || high == 0 {
+        let (low, high) = thread_stack();
+        if own == 0 || sp < low || sp >= high {
             return None;
         }
         let mut n = 0;
@@ -220,8 +250,8 @@ mod imp {
             if cfa < sp + 8 || cfa > high {
                 return None;
             }
-            // SAFETY: `cfa - 8` lies between this thread's stack pointer and the highest
-            // stack pointer the platform unwinder saw on this thread: mapped stack memory.
+            // SAFETY: `cfa - 8` lies between the stack pointer and the top of the thread's
+            // stack, which the stack pointer is in: mapped stack memory.
             let ip = unsafe { ((cfa - 8) as *const usize).read() };
             sp = cfa; // the stack pointer of the frame `ip` returns into
             if ip == 0 {
@@ -255,7 +285,6 @@ mod imp {
         /// The previous frame's return address and stack pointer.
         prev: Option<(usize, usize)>,
         frames: usize,
-        highest: usize,
         /// `out` is full.
         stopped: bool,
         /// The next frame's return address was 0: the stack ends here.
@@ -272,7 +301,6 @@ mod imp {
             sp: if from_walk { sp } else { 0 },
             prev: None,
             frames: 0,
-            highest: 0,
             stopped: false,
             ended: false,
         };
@@ -283,9 +311,6 @@ mod imp {
             if let Some((ip, _)) = state.prev {
                 learn_terminal(ip);
             }
-        }
-        if state.highest > STACK_HIGH.with(Cell::get) {
-            STACK_HIGH.with(|h| h.set(state.highest));
         }
         state.n
     }
@@ -323,7 +348,6 @@ mod imp {
             }
         }
         state.prev = Some((ip, sp));
-        state.highest = state.highest.max(sp);
         // Frames 1 and 2 are `platform` and `walk` (below any boundary anyway).
         if state.frames > 2 && sp > state.boundary {
             state.out[state.n] = ip;
