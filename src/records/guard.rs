@@ -131,6 +131,20 @@ pub(crate) fn target() -> Target {
     })
 }
 
+/// This thread's buffer if it has one and is not recording or reporting; `None` sends
+/// the record to [`target`] (calls nothing).
+#[inline(always)]
+pub(crate) fn own_buffer() -> Option<&'static Buf> {
+    STATE.with(|s| {
+        let p = s.buf.get();
+        if s.busy.get() || p.addr() <= GONE.addr() {
+            return None;
+        }
+        // SAFETY: a claimed buffer, never freed.
+        Some(unsafe { &*p })
+    })
+}
+
 #[cold]
 #[inline(never)]
 fn claim(s: &ThreadState) -> Target {

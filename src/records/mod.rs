@@ -201,6 +201,10 @@ unsafe extern "C" fn after_fork_in_child() {
 
 /// After an allocation of `granted` bytes at `ptr` for `layout`: records it if the
 /// allocator records.
+///
+/// The common cases (a basic record into this thread's buffer, an allocation sampling
+/// skips) call nothing, and everything else goes through one call: an allocator's fast
+/// path that inlines this needs no saved registers for it.
 #[inline(always)]
 pub(crate) fn after_alloc(
     reg: &'static Registration,
@@ -209,29 +213,33 @@ pub(crate) fn after_alloc(
     granted: usize,
 ) {
     let word = reg.records().word();
-    if word & ALLOC_HOOK == KIND_BASIC {
-        record_basic(reg, word, ptr.as_ptr() as usize, layout, granted);
-    } else if word & ALLOC_HOOK != 0 && !skip_sample(word, layout.size()) {
-        record(reg, word, ptr.as_ptr() as usize, layout, granted);
+    let hook = word & ALLOC_HOOK;
+    if hook == 0 {
+        return;
     }
-}
-
-/// A basic record: into this thread's buffer when it can (the common case, kept small).
-#[inline(always)]
-fn record_basic(
-    reg: &'static Registration,
-    word: u64,
-    addr: usize,
-    layout: Layout,
-    granted: usize,
-) {
-    if let (guard::Target::Buffer(buf), Some(index)) = (guard::target(), reg.index()) {
-        let align_log2 = layout.align().trailing_zeros() as u8;
-        if buf.push(addr, index as u32, granted, layout.size(), align_log2) {
+    let addr = ptr.as_ptr() as usize;
+    if hook == KIND_BASIC {
+        if push_own(reg, addr, layout, granted) {
             return;
         }
+    } else if skip_sample(word, layout.size()) {
+        return;
     }
     record(reg, word, addr, layout, granted);
+}
+
+/// A basic record into this thread's buffer, if it has one and nothing asks for more than
+/// appending (calls nothing); `false`: record it the long way.
+#[inline(always)]
+fn push_own(reg: &'static Registration, addr: usize, layout: Layout, granted: usize) -> bool {
+    let Some(buf) = guard::own_buffer() else {
+        return false;
+    };
+    let Some(index) = reg.index() else {
+        return false;
+    };
+    let align_log2 = layout.align().trailing_zeros() as u8;
+    buf.push(addr, index as u32, granted, layout.size(), align_log2)
 }
 
 /// Whether an allocation of `size` bytes in an allocator that only samples is certainly
@@ -248,36 +256,40 @@ pub(crate) fn skip_unsampled_free(word: u64, addr: usize) -> bool {
     word & FREE_HOOK == TRACK_SAMPLED && !table::maybe_sampled(addr)
 }
 
-/// Before `ptr` is freed: removes its record.
+/// Before `ptr` is freed: removes its record. As [`after_alloc`], the common cases (a
+/// record in this thread's buffer, a block the sample filter rules out) call nothing.
 #[inline(always)]
 pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
     let word = reg.records().word();
-    if word & FREE_HOOK == TRACK_ALL {
-        forget_basic(reg, word, ptr.as_ptr() as usize);
-    } else if word & FREE_HOOK != 0 && !skip_unsampled_free(word, ptr.as_ptr() as usize) {
-        forget(reg, word, ptr.as_ptr() as usize);
+    let track = word & FREE_HOOK;
+    if track == 0 {
+        return;
     }
+    let addr = ptr.as_ptr() as usize;
+    if track == TRACK_ALL {
+        if forget_own(reg, addr) {
+            return;
+        }
+    } else if skip_unsampled_free(word, addr) {
+        return;
+    }
+    forget(reg, word, addr);
 }
 
-/// A free in an allocator that may have records of every block: this thread's own buffer
-/// first (the common case, kept small).
-#[inline(always)]
-fn forget_basic(reg: &'static Registration, word: u64, addr: usize) {
-    if !forget_own(reg, addr) {
-        forget(reg, word, addr);
-    }
-}
-
-/// Drops the record of a block this thread allocated and still has in its buffer; `false`
-/// when it is not there (look in the table and the other buffers).
+/// Drops the record of a block this thread allocated and still has in its buffer (calls
+/// nothing); `false` when it is not found there this way (look in the buffer again, then
+/// in the table and the other buffers).
 #[inline(always)]
 pub(crate) fn forget_own(reg: &'static Registration, addr: usize) -> bool {
+    let Some(index) = reg.index() else {
+        return false;
+    };
     let me = guard::current_buffer();
     // SAFETY: a non-null buffer pointer from this thread's state is its claimed buffer,
     // never freed.
-    match (unsafe { me.as_ref() }, reg.index()) {
-        (Some(buf), Some(index)) => buf.forget_own(addr, index as u32),
-        _ => false,
+    match unsafe { me.as_ref() } {
+        Some(buf) => buf.forget_own(addr, index as u32),
+        None => false,
     }
 }
 
@@ -347,7 +359,7 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
     let align_log2 = layout.align().trailing_zeros() as u8;
     if kind == KIND_BASIC {
         if let guard::Target::Buffer(buf) = target {
-            if buf.push(addr, index as u32, granted, layout.size(), align_log2) {
+            if buf.push_slow(addr, index as u32, granted, layout.size(), align_log2) {
                 return;
             }
         }
