@@ -555,15 +555,18 @@ impl Buf {
     /// [`take_own`](Self::take_own) serves the request and looks everywhere).
     #[inline(always)]
     pub(crate) fn forget_own(&self, addr: usize, alloc: u32) -> bool {
-        let Some(s) = self.begin() else {
+        if self.begin().is_none() {
             return false;
-        };
+        }
+        // From here `seq` is read again rather than kept: the caller's fast path has few
+        // registers to spare.
         let Some(i) = self.find_fast(addr, alloc) else {
-            self.abandon(s);
+            self.abandon(self.seq.load(Relaxed) - 1);
             return false;
         };
-        self.tick_at(s);
         self.drop_at(i);
+        let s = self.seq.load(Relaxed) - 1;
+        self.tick_at(s);
         self.end(s);
         true
     }

@@ -45,6 +45,36 @@ pub(crate) fn free_fast(ptr: *mut u8) -> bool {
         || (word & super::FREE_HOOK == super::TRACK_ALL && super::forget_own(&SYSTEM, ptr as usize))
 }
 
+/// Removes the record of a block about to be freed from this thread's buffer, without a
+/// call; `false` if it was not found there that way. For frees whose thread cache says
+/// records of any block may exist: a record found in the buffer is removed whatever the
+/// settings word says now, so the word is not read.
+#[inline(always)]
+pub(crate) fn forget_own(ptr: *mut u8) -> bool {
+    super::forget_own(&SYSTEM, ptr as usize)
+}
+
+/// Records a small block the thread cache just handed out, and returns it. The common case
+/// (a basic record into this thread's buffer) calls nothing and the rest is a tail call, so
+/// a caller that returns the block right away needs no saved registers.
+#[inline(always)]
+pub(crate) fn recorded(ptr: NonNull<u8>, layout: Layout, granted: usize) -> *mut u8 {
+    let word = SYSTEM.records().word();
+    if word & super::ALLOC_HOOK == KIND_BASIC
+        && super::push_own(&SYSTEM, ptr.as_ptr() as usize, layout, granted)
+    {
+        return ptr.as_ptr();
+    }
+    recorded_slowly(ptr, layout, granted)
+}
+
+/// [`recorded`] for everything but a basic record that fits this thread's buffer.
+#[inline(never)]
+fn recorded_slowly(ptr: NonNull<u8>, layout: Layout, granted: usize) -> *mut u8 {
+    after_alloc(&SYSTEM, ptr, layout, granted);
+    ptr.as_ptr()
+}
+
 /// The thread caches' mirror of the settings word (see `thread_cache::HOOK_ALLOC`): which
 /// of their fast paths must step aside for records.
 pub(crate) fn thread_hooks() -> u8 {

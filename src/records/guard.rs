@@ -131,23 +131,45 @@ pub(crate) fn target() -> Target {
     })
 }
 
+/// This thread's state through the thread pointer, when its offset is known (see
+/// `allocator::thread_pointer`): a `thread_local!` access in position-independent code is
+/// planned as a call, which makes an inlining fast path save registers.
+#[inline(always)]
+fn fast_state() -> Option<&'static ThreadState> {
+    let addr = crate::allocator::thread_pointer::records_address()?;
+    // SAFETY: the offset was learnt from this very `thread_local!` (see `claim`) and is the
+    // same in every thread, so this is the calling thread's state; it lives as long as the
+    // thread, and the reference never leaves it.
+    Some(unsafe { &*(addr as *const ThreadState) })
+}
+
 /// This thread's buffer if it has one and is not recording or reporting; `None` sends
 /// the record to [`target`] (calls nothing).
 #[inline(always)]
 pub(crate) fn own_buffer() -> Option<&'static Buf> {
-    STATE.with(|s| {
-        let p = s.buf.get();
-        if s.busy.get() || p.addr() <= GONE.addr() {
-            return None;
-        }
-        // SAFETY: a claimed buffer, never freed.
-        Some(unsafe { &*p })
-    })
+    let s = fast_state()?;
+    let p = s.buf.get();
+    if s.busy.get() || p.addr() <= GONE.addr() {
+        return None;
+    }
+    // SAFETY: a claimed buffer, never freed.
+    Some(unsafe { &*p })
+}
+
+/// This thread's buffer, or null, as [`current_buffer`], but only through the thread
+/// pointer (calls nothing; null also when the offset is unknown).
+#[inline(always)]
+pub(crate) fn own_buffer_quick() -> *const Buf {
+    match fast_state() {
+        Some(s) if s.buf.get().addr() > GONE.addr() => s.buf.get(),
+        _ => core::ptr::null(),
+    }
 }
 
 #[cold]
 #[inline(never)]
 fn claim(s: &ThreadState) -> Target {
+    crate::allocator::thread_pointer::learn_records(core::ptr::from_ref(s).addr());
     let tid = thread_id();
     match buffer::claim(tid) {
         Some(b) => {

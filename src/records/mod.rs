@@ -231,11 +231,16 @@ pub(crate) fn after_alloc(
 /// A basic record into this thread's buffer, if it has one and nothing asks for more than
 /// appending (calls nothing); `false`: record it the long way.
 #[inline(always)]
-fn push_own(reg: &'static Registration, addr: usize, layout: Layout, granted: usize) -> bool {
-    let Some(buf) = guard::own_buffer() else {
+pub(crate) fn push_own(
+    reg: &'static Registration,
+    addr: usize,
+    layout: Layout,
+    granted: usize,
+) -> bool {
+    let Some(index) = reg.index() else {
         return false;
     };
-    let Some(index) = reg.index() else {
+    let Some(buf) = guard::own_buffer() else {
         return false;
     };
     let align_log2 = layout.align().trailing_zeros() as u8;
@@ -284,7 +289,7 @@ pub(crate) fn forget_own(reg: &'static Registration, addr: usize) -> bool {
     let Some(index) = reg.index() else {
         return false;
     };
-    let me = guard::current_buffer();
+    let me = guard::own_buffer_quick();
     // SAFETY: a non-null buffer pointer from this thread's state is its claimed buffer,
     // never freed.
     match unsafe { me.as_ref() } {
