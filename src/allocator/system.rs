@@ -272,10 +272,7 @@ unsafe fn dealloc_small_missed(
         if tc.is_null() {
             return dealloc_small_tls(ptr, size, align, class);
         }
-        if thread_cache::free_filtered(tc, ptr, class) {
-            return;
-        }
-        let layout = Layout::from_size_align_unchecked(size, align);
+        // Records of any block first: `free_filtered` would refuse the block for them too.
         if thread_cache::hooks_of(tc) & HOOK_FREE != 0 {
             // Records of any block may exist: remove this one's (before the block can be
             // reused), then free it to the cache all the same. A record in this thread's
@@ -286,7 +283,10 @@ unsafe fn dealloc_small_missed(
             }
             return dealloc_small_recorded(ptr, class, tc, forgotten);
         }
-        dealloc_slow(ptr, layout)
+        if thread_cache::free_filtered(tc, ptr, class) {
+            return;
+        }
+        dealloc_slow(ptr, Layout::from_size_align_unchecked(size, align))
     }
 }
 

@@ -407,13 +407,12 @@ impl Buf {
     fn drop_at(&self, i: usize) {
         let i = i % CAP;
         let meta = self.metas[i].load(Relaxed);
-        let size = self.sizes[i].load(Relaxed);
+        self.sites[(meta >> 40) as usize % SITES].left(self.sizes[i].load(Relaxed));
         let last = self.len.load(Relaxed).wrapping_sub(1) % CAP;
         if i != last {
             self.move_last(i, last);
         }
         self.len.store(last, Relaxed);
-        self.sites[(meta >> 40) as usize % SITES].left(size);
     }
 
     /// Moves the last record into slot `i`, keeping its index hint. Inside a write.
@@ -555,19 +554,18 @@ impl Buf {
     /// [`take_own`](Self::take_own) serves the request and looks everywhere).
     #[inline(always)]
     pub(crate) fn forget_own(&self, addr: usize, alloc: u32) -> bool {
-        if self.begin().is_none() {
-            return false;
-        }
-        // From here `seq` is read again rather than kept: the caller's fast path has few
-        // registers to spare.
-        let Some(i) = self.find_fast(addr, alloc) else {
-            self.abandon(self.seq.load(Relaxed) - 1);
+        let Some(s) = self.begin() else {
             return false;
         };
-        self.drop_at(i);
-        let s = self.seq.load(Relaxed) - 1;
+        let Some(i) = self.find_fast(addr, alloc) else {
+            self.abandon(s);
+            return false;
+        };
         self.tick_at(s);
-        self.end(s);
+        self.drop_at(i);
+        // `seq` read again rather than kept: the caller's fast path has few registers to
+        // spare while a record moves.
+        self.seq.store(self.seq.load(Relaxed) + 1, Release);
         true
     }
 

@@ -7,7 +7,7 @@
 use super::mode::{KIND_BASIC, KIND_FULL, KIND_SAMPLE};
 use super::sample::{Rng, next_interval};
 use super::{after_alloc, after_realloc, before_free, before_realloc};
-use crate::registry::SYSTEM;
+use crate::registry::{SYSTEM, SYSTEM_INDEX};
 use crate::system::SystemAllocator;
 use crate::thread_cache::{HOOK_ALLOC, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_SAMPLE};
 use core::alloc::Layout;
@@ -51,7 +51,7 @@ pub(crate) fn free_fast(ptr: *mut u8) -> bool {
 /// settings word says now, so the word is not read.
 #[inline(always)]
 pub(crate) fn forget_own(ptr: *mut u8) -> bool {
-    super::forget_own(&SYSTEM, ptr as usize)
+    super::forget_own_as(SYSTEM_INDEX as u32, ptr as usize)
 }
 
 /// Records a small block the thread cache just handed out, and returns it. The common case
@@ -61,7 +61,7 @@ pub(crate) fn forget_own(ptr: *mut u8) -> bool {
 pub(crate) fn recorded(ptr: NonNull<u8>, layout: Layout, granted: usize) -> *mut u8 {
     let word = SYSTEM.records().word();
     if word & super::ALLOC_HOOK == KIND_BASIC
-        && super::push_own(&SYSTEM, ptr.as_ptr() as usize, layout, granted)
+        && super::push_own_as(SYSTEM_INDEX as u32, ptr.as_ptr() as usize, layout, granted)
     {
         return ptr.as_ptr();
     }

@@ -240,11 +240,17 @@ pub(crate) fn push_own(
     let Some(index) = reg.index() else {
         return false;
     };
+    push_own_as(index as u32, addr, layout, granted)
+}
+
+/// [`push_own`] for the allocator at registry index `alloc`.
+#[inline(always)]
+pub(crate) fn push_own_as(alloc: u32, addr: usize, layout: Layout, granted: usize) -> bool {
     let Some(buf) = guard::own_buffer() else {
         return false;
     };
     let align_log2 = layout.align().trailing_zeros() as u8;
-    buf.push(addr, index as u32, granted, layout.size(), align_log2)
+    buf.push(addr, alloc, granted, layout.size(), align_log2)
 }
 
 /// Whether an allocation of `size` bytes in an allocator that only samples is certainly
@@ -289,11 +295,17 @@ pub(crate) fn forget_own(reg: &'static Registration, addr: usize) -> bool {
     let Some(index) = reg.index() else {
         return false;
     };
+    forget_own_as(index as u32, addr)
+}
+
+/// [`forget_own`] for the allocator at registry index `alloc`.
+#[inline(always)]
+pub(crate) fn forget_own_as(alloc: u32, addr: usize) -> bool {
     let me = guard::own_buffer_quick();
     // SAFETY: a non-null buffer pointer from this thread's state is its claimed buffer,
     // never freed.
     match unsafe { me.as_ref() } {
-        Some(buf) => buf.forget_own(addr, index as u32),
+        Some(buf) => buf.forget_own(addr, alloc),
         None => false,
     }
 }
