@@ -6,10 +6,18 @@
 //! totals. When it is full, when its thread exits, and before a `fork()` child adopts it,
 //! its records move to the shared [`table`](super::table).
 //!
-//! Other threads read a buffer through a sequence lock: the owner makes `seq` odd while it
-//! writes and even after; a reader retries when `seq` moved (after a few tries it asks the
-//! owner to pause at its next call, so a busy owner cannot starve it). Every field is an
-//! atomic accessed with relaxed loads and stores, which are plain moves on x86-64.
+//! Other threads read a buffer through a sequence lock on its departures: the owner makes
+//! `seq` odd while it removes or moves records and even after; a reader retries when `seq`
+//! moved (after a few tries it asks the owner to pause at its next call, so a busy owner
+//! cannot starve it). A new record only appends: its slot is written before the length
+//! that shows it (a release store), and slots below the length change only in departures,
+//! so pushes leave `seq` alone. Every field is an atomic accessed with relaxed loads and
+//! stores (the length with release and acquire), which are plain moves on x86-64.
+//!
+//! The owner's common cases (a push with room, a free of a record the newest slot or the
+//! address index finds) call nothing, so the allocator paths that inline them need no saved
+//! registers; anything else (a request to serve, a full buffer, a scan) returns to a slower
+//! path that does it.
 //!
 //! Exactness with cross-thread frees: a free whose record is not in its own thread's buffer
 //! takes the record's shard lock and looks in the shared table, then in every other buffer.
@@ -894,7 +902,9 @@ pub(crate) fn copy_all(
 // ---- fork() ----
 
 /// Before `fork()` (after the table's locks): holds every owner at the start of its next
-/// call, so no buffer is copied into the child half written.
+/// departure, so no buffer is copied into the child half written (a push in flight is
+/// invisible there until its length store, and its site totals may count it: the block is
+/// allocated all the same).
 ///
 /// # Safety
 /// Must be followed by [`after_fork`] on the same thread.

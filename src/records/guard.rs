@@ -170,9 +170,8 @@ pub(crate) fn target() -> Target {
 #[inline(always)]
 pub(crate) fn own_buffer_quick() -> *const Buf {
     match crate::allocator::thread_pointer::records_address() {
-        // SAFETY: the offset was learnt from this very `thread_local!` (see `claim`) and is
-        // the same in every thread, so this is the calling thread's state, which lives as
-        // long as the thread.
+        // SAFETY: the offset was learnt from this `thread_local!` (see `claim`) and is the
+        // same in every thread: this thread's state, alive as long as the thread.
         Some(addr) => unsafe { (*(addr as *const ThreadState)).fast.get() },
         None => core::ptr::null(),
     }

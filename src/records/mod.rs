@@ -21,9 +21,9 @@
 //! Basic records first go to a per-thread buffer of 64 records (see `buffer.rs`), written
 //! by its thread alone with plain stores: a block freed on the thread that allocated it
 //! while its record is still buffered never touches a lock, an atomic read-modify-write or
-//! the shared table. Their times are coarse: a thread reads the clock once per 32 record
-//! operations, and a basic record's time is the last read, which after an idle spell may
-//! be well before the allocation.
+//! the shared table. Their times are coarse: a thread reads the clock about once per 32
+//! frees of buffered records and whenever its buffer overflows, and a basic record's time
+//! is the last read, which after an idle spell may be well before the allocation.
 //!
 //! Set a mode in code, on a handle (`Renderer.set_records(RecordMode::full())`) or on the
 //! `SystemAllocator` (`GLOBAL.set_records(..)`), or at start-up with the environment:
