@@ -58,6 +58,10 @@ fn bucket(addr: usize) -> usize {
 
 /// Allocators with per-thread totals per buffer (records of a fifth go to the table).
 const SITES: usize = 4;
+/// Where a record's site slot sits in its meta word: the top bits, so a shift alone finds
+/// it.
+const SLOT_SHIFT: u32 = 64 - SITES.trailing_zeros();
+const _: () = assert!(SITES.is_power_of_two());
 /// A buffered record's time is the clock read at the last flush, or at a departure (a
 /// record freed or moved out of the buffer) about this many departures earlier on the same
 /// thread: a clock read costs as much as the rest of the record. (Between two departures a
@@ -95,22 +99,23 @@ struct Site {
 }
 
 impl Site {
-    /// A record comes in.
+    /// A record of `size` bytes, `packed` as [`packed`] makes it, comes in.
     #[inline(always)]
-    fn added(&self, size: usize) {
+    fn added(&self, size: usize, packed: u64) {
         add(&self.total_bytes, size as u64);
         add(&self.total_blocks, 1);
-        add(&self.live, packed(size));
+        add(&self.live, packed);
     }
 
-    /// A record leaves: the live bytes before it left may be the most so far.
+    /// A record of `packed` size ([`packed`]) leaves: the live bytes before it left may be
+    /// the most so far.
     #[inline(always)]
-    fn left(&self, size: usize) {
+    fn left(&self, packed: u64) {
         let live = self.live.load(Relaxed);
         if live > self.max.load(Relaxed) {
             self.max.store(live, Relaxed);
         }
-        self.live.store(live.wrapping_sub(packed(size)), Relaxed);
+        self.live.store(live.wrapping_sub(packed), Relaxed);
     }
 
     /// The totals, with the live bytes now counted towards the most at once.
@@ -217,9 +222,11 @@ pub(crate) struct Buf {
     /// buffered there, so a free finds its record without scanning. Checked against
     /// `addrs` before use, so a stale or overwritten entry only costs the scan.
     index: [AtomicU8; INDEX],
-    /// Allocator index, the alignment's log2 in bits 32..40, the site slot in 40..48.
+    /// Allocator index, the alignment's log2 in bits 32..40, the site slot from bit
+    /// [`SLOT_SHIFT`] up.
     metas: [AtomicU64; CAP],
-    sizes: [AtomicUsize; CAP],
+    /// Granted sizes as [`packed`] makes them, ready for the site's live total.
+    sizes: [AtomicU64; CAP],
     requested: [AtomicUsize; CAP],
     times: [AtomicU64; CAP],
     sites: [Site; SITES],
@@ -245,7 +252,7 @@ impl Buf {
             addrs: [const { AtomicUsize::new(0) }; CAP],
             index: [const { AtomicU8::new(0) }; INDEX],
             metas: [const { AtomicU64::new(0) }; CAP],
-            sizes: [const { AtomicUsize::new(0) }; CAP],
+            sizes: [const { AtomicU64::new(0) }; CAP],
             requested: [const { AtomicUsize::new(0) }; CAP],
             times: [const { AtomicU64::new(0) }; CAP],
             sites: [const { Site::new() }; SITES],
@@ -354,7 +361,12 @@ impl Buf {
     /// first: most blocks are freed right after they were allocated, or in reverse order.
     #[inline(always)]
     fn find_fast(&self, addr: usize, alloc: u32) -> Option<usize> {
-        let len = self.len.load(Relaxed);
+        self.find_fast_in(addr, alloc, self.len.load(Relaxed))
+    }
+
+    /// [`find_fast`](Self::find_fast) among the first `len` slots.
+    #[inline(always)]
+    fn find_fast_in(&self, addr: usize, alloc: u32, len: usize) -> Option<usize> {
         if len == 0 {
             return None;
         }
@@ -393,7 +405,7 @@ impl Buf {
         Entry {
             addr: self.addrs[i].load(Relaxed),
             alloc: meta as u32,
-            size: self.sizes[i].load(Relaxed),
+            size: (self.sizes[i].load(Relaxed) >> BLOCK_BITS) as usize,
             requested: self.requested[i].load(Relaxed),
             time: self.times[i].load(Relaxed),
             align_log2: (meta >> 32) as u8,
@@ -413,10 +425,20 @@ impl Buf {
     /// at the emptied slot: every hint is checked against `addrs` before use.
     #[inline(always)]
     fn drop_at(&self, i: usize) {
+        self.drop_in(i, self.len.load(Relaxed));
+    }
+
+    /// [`drop_at`](Self::drop_at) with the length as the caller read it.
+    #[inline(always)]
+    fn drop_in(&self, i: usize, len: usize) {
         let i = i % CAP;
-        let meta = self.metas[i].load(Relaxed);
-        self.sites[(meta >> 40) as usize % SITES].left(self.sizes[i].load(Relaxed));
-        let last = self.len.load(Relaxed).wrapping_sub(1) % CAP;
+        self.drop_known(i, self.metas[i].load(Relaxed), len.wrapping_sub(1) % CAP);
+    }
+
+    /// [`drop_in`](Self::drop_in) with slot `i`'s meta word already read, and the last slot.
+    #[inline(always)]
+    fn drop_known(&self, i: usize, meta: u64, last: usize) {
+        self.sites[(meta >> SLOT_SHIFT) as usize % SITES].left(self.sizes[i].load(Relaxed));
         if i != last {
             self.move_last(i, last);
         }
@@ -539,12 +561,13 @@ impl Buf {
         let i = len % CAP;
         self.addrs[i].store(addr, Relaxed);
         self.index[bucket(addr)].store((i + 1) as u8, Relaxed);
-        let meta = u64::from(alloc) | u64::from(align_log2) << 32 | (slot as u64) << 40;
+        let meta = u64::from(alloc) | u64::from(align_log2) << 32 | (slot as u64) << SLOT_SHIFT;
         self.metas[i].store(meta, Relaxed);
-        self.sizes[i].store(size, Relaxed);
+        let packed = packed(size);
+        self.sizes[i].store(packed, Relaxed);
         self.requested[i].store(requested, Relaxed);
         self.times[i].store(self.tick.load(Relaxed), Relaxed);
-        self.sites[slot % SITES].added(size);
+        self.sites[slot % SITES].added(size, packed);
         self.len.store(i + 1, Release);
     }
 
@@ -565,12 +588,25 @@ impl Buf {
         let Some(s) = self.begin() else {
             return false;
         };
-        let Some(i) = self.find_fast(addr, alloc) else {
+        let len = self.len.load(Relaxed);
+        if len == 0 {
+            self.abandon(s);
+            return false;
+        }
+        // The newest record first, as in `find_fast`, keeping its meta word.
+        let last = (len - 1) % CAP;
+        let meta = self.metas[last].load(Relaxed);
+        let (i, meta) = if self.addrs[last].load(Relaxed) == addr && meta as u32 == alloc {
+            (last, meta)
+        } else if let Some(i) = self.find_fast_in(addr, alloc, len) {
+            let i = i % CAP;
+            (i, self.metas[i].load(Relaxed))
+        } else {
             self.abandon(s);
             return false;
         };
         self.tick_at(s);
-        self.drop_at(i);
+        self.drop_known(i, meta, last);
         // `seq` read again rather than kept: the caller's fast path has few registers to
         // spare while a record moves.
         self.seq.store(self.seq.load(Relaxed) + 1, Release);
