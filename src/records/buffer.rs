@@ -45,8 +45,9 @@ use core::sync::atomic::{
 /// Records per buffer. The scans are linear, so small; 64 holds the `small` workload's
 /// batches of 32.
 pub(crate) const CAP: usize = 64;
-/// Buckets of a buffer's address index (twice the records, so few collide).
-const INDEX: usize = 2 * CAP;
+/// Buckets of a buffer's address index (four times the records, so few collide: a free
+/// whose record the index lost takes the slow path and scans).
+const INDEX: usize = 4 * CAP;
 const _: () = assert!(INDEX.is_power_of_two() && CAP < u8::MAX as usize);
 
 /// The index bucket of `addr`.
