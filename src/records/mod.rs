@@ -8,15 +8,16 @@
 //! | mode | records | what it costs per call | alloc+free pair, `SystemAllocator` / child (`benches/records.rs`) |
 //! |---|---|---|---|
 //! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch (the `SystemAllocator`: one test of a byte in the thread's own cache) | 2.4–2.6 ns / 8.0–8.1 ns |
-//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | 5.7–7.0 ns / 10.6–11.7 ns |
-//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer; a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | 17.6–18.1 ns / 28.5–29.1 ns |
+//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | 3.8–5.2 ns / 9.0–10.6 ns |
+//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer (no call, no atomic read-modify-write); a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | 7.8–8.5 ns / 27.7–29.2 ns |
 //! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames) per allocation, a lock and a table insert or remove, a clock read | 2.3–2.5 µs / 2.3–2.4 µs |
 //!
 //! (2-core machine, 16- and 256-byte blocks. On the `compare` harness's `small` workload,
-//! 30 million small allocations, the workload's own timing: off 220 ms, sample 321 ms
-//! (+46%; +35% without stacks), basic 544 ms (2.5×), full 53.7 s. In sample and basic
-//! mode every `SystemAllocator` call leaves the fast path for its miss function, where the
-//! countdown, the sample filter and the record buffer are reached.)
+//! 30 million small allocations, the workload's own timing, medians of 9 interleaved runs:
+//! off 215 ms, sample 282 ms (+31%; +22% without stacks), basic 413 ms (1.9×); full 53.7 s
+//! (an earlier build). In sample and basic mode every `SystemAllocator` call leaves the
+//! fast path for its miss function, where the countdown, the sample filter and the record
+//! buffer are reached.)
 //!
 //! Basic records first go to a per-thread buffer of 64 records (see `buffer.rs`), written
 //! by its thread alone with plain stores: a block freed on the thread that allocated it
