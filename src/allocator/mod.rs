@@ -9,4 +9,4 @@ pub mod registry;
 pub(crate) mod stats;
 pub(crate) mod system;
 pub(crate) mod thread_cache;
-mod thread_pointer;
+pub(crate) mod thread_pointer;

@@ -97,12 +97,15 @@ pub static OS: Registration = Registration {
     )
 };
 
+/// The [`SystemAllocator`]'s registry index (it is always registered).
+pub(crate) const SYSTEM_INDEX: usize = 1;
+
 /// The [`SystemAllocator`]'s entry: index 1, always registered; its parent is [`OS`].
 pub static SYSTEM: Registration = Registration {
     // Its first call reads the environment, so that even that call can be recorded.
     records: RecordSettings::pending_env(),
     state: AtomicU8::new(REGISTERED),
-    index: AtomicUsize::new(1),
+    index: AtomicUsize::new(SYSTEM_INDEX),
     next: AtomicPtr::new(ptr::addr_of!(OS).cast_mut()),
     ..Registration::new(
         "SystemAllocator",

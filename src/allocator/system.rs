@@ -199,8 +199,7 @@ fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> 
                     let p = thread_cache::pop_any(tc, class);
                     if let Some(ptr) = NonNull::new(p) {
                         let layout = Layout::from_size_align_unchecked(size, align);
-                        records::after_alloc(&SYSTEM, ptr, layout, class_size(class));
-                        return p;
+                        return records::global::recorded(ptr, layout, class_size(class));
                     }
                 }
                 alloc_slow(Layout::from_size_align_unchecked(size, align))
@@ -276,22 +275,39 @@ unsafe fn dealloc_small_missed(
         if tc.is_null() {
             return dealloc_small_tls(ptr, size, align, class);
         }
+        // Records of any block first: `free_filtered` would refuse the block for them too.
+        if thread_cache::hooks_of(tc) & HOOK_FREE != 0 {
+            // Records of any block may exist: remove this one's (before the block can be
+            // reused), then free it to the cache all the same. A record in this thread's
+            // buffer leaves without a call; the rest goes out of line, as a tail call.
+            let forgotten = records::global::forget_own(ptr);
+            if forgotten && thread_cache::push_any(tc, ptr, class) {
+                return;
+            }
+            return dealloc_small_recorded(ptr, class, tc, forgotten);
+        }
         if thread_cache::free_filtered(tc, ptr, class) {
             return;
         }
-        let layout = Layout::from_size_align_unchecked(size, align);
-        if thread_cache::hooks_of(tc) & HOOK_FREE != 0 {
-            // Records of any block may exist: remove this one's (before the block can be
-            // reused), then free it to the cache all the same.
-            if let Some(p) = NonNull::new(ptr) {
-                records::before_free(&SYSTEM, p);
-            }
-            if !thread_cache::push_any(tc, ptr, class) {
-                dealloc_plain(ptr, layout);
-            }
-            return;
+        dealloc_slow(ptr, Layout::from_size_align_unchecked(size, align))
+    }
+}
+
+/// [`dealloc_small_missed`] with records, when the record was not in this thread's buffer
+/// (`forgotten` false) or the bin is full.
+///
+/// # Safety
+/// As for [`dealloc_small_missed`], with `tc` not null.
+#[inline(never)]
+unsafe fn dealloc_small_recorded(ptr: *mut u8, class: usize, tc: CacheRef, forgotten: bool) {
+    if let Some(p) = NonNull::new(ptr).filter(|_| !forgotten) {
+        records::before_free(&SYSTEM, p);
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if !thread_cache::push_any(tc, ptr, class) {
+            thread_cache::free(ptr, class);
         }
-        dealloc_slow(ptr, layout)
     }
 }
 

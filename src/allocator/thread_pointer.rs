@@ -1,4 +1,5 @@
-//! Reaching the calling thread's cache from the thread pointer, without a TLS helper call.
+//! Reaching the calling thread's cache (and the records' per-thread state) from the thread
+//! pointer, without a TLS helper call.
 //!
 //! Rust compiles a `thread_local!` access in position-independent code (every rlib, and
 //! every executable built as PIE) for the general-dynamic TLS model: a call to
@@ -20,9 +21,37 @@ mod imp {
     use crate::fatal::fatal;
     use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
 
-    /// The thread cache's address minus the thread pointer, the same in every thread; 0
-    /// while unknown (a static TLS block lies below the thread pointer, never at it).
-    static CACHE_OFFSET: AtomicUsize = AtomicUsize::new(0);
+    /// A thread-local's address minus the thread pointer, the same in every thread; 0 while
+    /// unknown (a static TLS block lies below the thread pointer, never at it).
+    struct Offset(AtomicUsize);
+
+    impl Offset {
+        #[inline(always)]
+        fn address(&self) -> Option<usize> {
+            let offset = self.0.load(Relaxed);
+            (offset != 0).then(|| thread_pointer().wrapping_add(offset))
+        }
+
+        fn learn(&self, address: usize, what: &str) {
+            let offset = address.wrapping_sub(thread_pointer());
+            match self.0.load(Relaxed) {
+                0 if offset != 0 && linked_into_main_executable() => {
+                    self.0.store(offset, Relaxed);
+                }
+                0 => {}
+                known if known != offset => fatal!(
+                    "tagalloc: this thread's {what} is not at the static TLS offset the others \
+                     use ({offset:#x} vs {known:#x}); the thread-pointer fast path cannot be used"
+                ),
+                _ => {}
+            }
+        }
+    }
+
+    /// The thread cache's offset.
+    static CACHE_OFFSET: Offset = Offset(AtomicUsize::new(0));
+    /// The offset of the records' per-thread state.
+    static RECORDS_OFFSET: Offset = Offset(AtomicUsize::new(0));
 
     const UNKNOWN: u8 = 0;
     const MAIN: u8 = 1;
@@ -48,25 +77,24 @@ mod imp {
     /// The calling thread's cache address, once the offset is known.
     #[inline(always)]
     pub(crate) fn cache_address() -> Option<usize> {
-        let offset = CACHE_OFFSET.load(Relaxed);
-        (offset != 0).then(|| thread_pointer().wrapping_add(offset))
+        CACHE_OFFSET.address()
     }
 
     /// Called by each thread's cache as it registers, with its own address: learns the
     /// offset the first time (if tagalloc is in the main executable) and checks it after.
     pub(crate) fn learn(cache: usize) {
-        let offset = cache.wrapping_sub(thread_pointer());
-        match CACHE_OFFSET.load(Relaxed) {
-            0 if offset != 0 && linked_into_main_executable() => {
-                CACHE_OFFSET.store(offset, Relaxed);
-            }
-            0 => {}
-            known if known != offset => fatal!(
-                "tagalloc: this thread's cache is not at the static TLS offset the others use \
-                 ({offset:#x} vs {known:#x}); the thread-pointer fast path cannot be used"
-            ),
-            _ => {}
-        }
+        CACHE_OFFSET.learn(cache, "cache");
+    }
+
+    /// The calling thread's records state (see `records::guard`), once its offset is known.
+    #[inline(always)]
+    pub(crate) fn records_address() -> Option<usize> {
+        RECORDS_OFFSET.address()
+    }
+
+    /// As [`learn`], for the records' per-thread state.
+    pub(crate) fn learn_records(state: usize) {
+        RECORDS_OFFSET.learn(state, "records state");
     }
 
     /// Whether this code is part of the main executable (rather than a shared library):
@@ -125,9 +153,18 @@ mod imp {
 
     /// Nothing to learn on this platform.
     pub(crate) fn learn(_cache: usize) {}
+
+    /// Unknown on this platform, as [`cache_address`].
+    #[inline(always)]
+    pub(crate) fn records_address() -> Option<usize> {
+        None
+    }
+
+    /// Nothing to learn on this platform.
+    pub(crate) fn learn_records(_state: usize) {}
 }
 
-pub(crate) use imp::{cache_address, learn};
+pub(crate) use imp::{cache_address, learn, learn_records, records_address};
 
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(miri)))]
 mod tests {

@@ -6,10 +6,18 @@
 //! totals. When it is full, when its thread exits, and before a `fork()` child adopts it,
 //! its records move to the shared [`table`](super::table).
 //!
-//! Other threads read a buffer through a sequence lock: the owner makes `seq` odd while it
-//! writes and even after; a reader retries when `seq` moved (after a few tries it asks the
-//! owner to pause at its next call, so a busy owner cannot starve it). Every field is an
-//! atomic accessed with relaxed loads and stores, which are plain moves on x86-64.
+//! Other threads read a buffer through a sequence lock on its departures: the owner makes
+//! `seq` odd while it removes or moves records and even after; a reader retries when `seq`
+//! moved (after a few tries it asks the owner to pause at its next call, so a busy owner
+//! cannot starve it). A new record only appends: its slot is written before the length
+//! that shows it (a release store), and slots below the length change only in departures,
+//! so pushes leave `seq` alone. Every field is an atomic accessed with relaxed loads and
+//! stores (the length with release and acquire), which are plain moves on x86-64.
+//!
+//! The owner's common cases (a push with room, a free of a record the newest slot or the
+//! address index finds) call nothing, so the allocator paths that inline them need no saved
+//! registers; anything else (a request to serve, a full buffer, a scan) returns to a slower
+//! path that does it.
 //!
 //! Exactness with cross-thread frees: a free whose record is not in its own thread's buffer
 //! takes the record's shard lock and looks in the shared table, then in every other buffer.
@@ -37,8 +45,9 @@ use core::sync::atomic::{
 /// Records per buffer. The scans are linear, so small; 64 holds the `small` workload's
 /// batches of 32.
 pub(crate) const CAP: usize = 64;
-/// Buckets of a buffer's address index (twice the records, so few collide).
-const INDEX: usize = 2 * CAP;
+/// Buckets of a buffer's address index (four times the records, so few collide: a free
+/// whose record the index lost takes the slow path and scans).
+const INDEX: usize = 4 * CAP;
 const _: () = assert!(INDEX.is_power_of_two() && CAP < u8::MAX as usize);
 
 /// The index bucket of `addr`.
@@ -50,9 +59,14 @@ fn bucket(addr: usize) -> usize {
 
 /// Allocators with per-thread totals per buffer (records of a fifth go to the table).
 const SITES: usize = 4;
-/// A buffered record's time is the clock read at most this many record operations
-/// (buffered allocations and frees) earlier on the same thread: a clock read costs as much
-/// as the rest of the record.
+/// Where a record's site slot sits in its meta word: the top bits, so a shift alone finds
+/// it.
+const SLOT_SHIFT: u32 = 64 - SITES.trailing_zeros();
+const _: () = assert!(SITES.is_power_of_two());
+/// A buffered record's time is the clock read at the last flush, or at a departure (a
+/// record freed or moved out of the buffer) about this many departures earlier on the same
+/// thread: a clock read costs as much as the rest of the record. (Between two departures a
+/// thread buffers at most [`CAP`] records.)
 const TICK_EVERY: u64 = 32;
 
 /// `requests`: dead records wait in the inbox.
@@ -60,63 +74,69 @@ const INBOX: u32 = 1;
 /// `requests`: one reader asks the owner to pause (a count, in these units).
 const PAUSE: u32 = 2;
 
-/// A buffer's totals for one allocator. Its live bytes are what was buffered minus what
-/// left (freed, published or taken), and the most live at once is checked as records leave
-/// (a peak is always followed by a departure, or still there when read).
+/// [`Site::live`] holds the live bytes above these bits and the live blocks in them (a
+/// buffer holds fewer than 256 records; its live bytes stay far below 2^56).
+const BLOCK_BITS: u32 = 8;
+const _: () = assert!(CAP < 1 << BLOCK_BITS);
+
+/// A record of `size` bytes in [`Site::live`]'s packing.
+#[inline(always)]
+fn packed(size: usize) -> u64 {
+    (size as u64) << BLOCK_BITS | 1
+}
+
+/// A buffer's totals for one allocator. The live bytes and blocks are packed in one word so
+/// that a record adds and removes both with one add. The most live at once is checked as
+/// records leave (a peak is always followed by a departure, or still there when read), in
+/// the same packing: the bytes decide, the blocks come along.
+#[repr(align(64))]
 struct Site {
     /// Registry index, or `u32::MAX` while unused.
     alloc: AtomicU32,
     total_bytes: AtomicU64,
     total_blocks: AtomicU64,
-    left_bytes: AtomicU64,
-    left_blocks: AtomicU64,
-    max_bytes: AtomicU64,
-    max_blocks: AtomicU64,
+    live: AtomicU64,
+    max: AtomicU64,
 }
 
 impl Site {
-    /// A record leaves: the live bytes before it left may be the most so far.
+    /// A record of `size` bytes, `packed` as [`packed`] makes it, comes in.
     #[inline(always)]
-    fn left(&self, size: u64) {
-        let left = self.left_bytes.load(Relaxed);
-        let left_blocks = self.left_blocks.load(Relaxed);
-        let live = self.total_bytes.load(Relaxed).wrapping_sub(left);
-        if live > self.max_bytes.load(Relaxed) {
-            self.peak(live, left_blocks);
-        }
-        self.left_bytes.store(left.wrapping_add(size), Relaxed);
-        self.left_blocks.store(left_blocks + 1, Relaxed);
+    fn added(&self, size: usize, packed: u64) {
+        add(&self.total_bytes, size as u64);
+        add(&self.total_blocks, 1);
+        add(&self.live, packed);
     }
 
-    #[inline(never)]
-    fn peak(&self, live: u64, left_blocks: u64) {
-        self.max_bytes.store(live, Relaxed);
-        let blocks = self.total_blocks.load(Relaxed).wrapping_sub(left_blocks);
-        self.max_blocks.store(blocks, Relaxed);
+    /// A record of `packed` size ([`packed`]) leaves: the live bytes before it left may be
+    /// the most so far.
+    #[inline(always)]
+    fn left(&self, packed: u64) {
+        let live = self.live.load(Relaxed);
+        if live > self.max.load(Relaxed) {
+            self.max.store(live, Relaxed);
+        }
+        self.live.store(live.wrapping_sub(packed), Relaxed);
     }
 
     /// The totals, with the live bytes now counted towards the most at once.
     fn totals(&self) -> SiteTotals {
-        let live = self
-            .total_bytes
-            .load(Relaxed)
-            .wrapping_sub(self.left_bytes.load(Relaxed));
-        let blocks = self
-            .total_blocks
-            .load(Relaxed)
-            .wrapping_sub(self.left_blocks.load(Relaxed));
-        let (max_bytes, max_blocks) = if live > self.max_bytes.load(Relaxed) {
-            (live, blocks)
-        } else {
-            (self.max_bytes.load(Relaxed), self.max_blocks.load(Relaxed))
-        };
+        let max = self.max.load(Relaxed).max(self.live.load(Relaxed));
         SiteTotals {
             alloc: self.alloc.load(Relaxed),
             total_bytes: self.total_bytes.load(Relaxed),
             total_blocks: self.total_blocks.load(Relaxed),
-            max_bytes,
-            max_blocks,
+            max_bytes: max >> BLOCK_BITS,
+            max_blocks: max & ((1 << BLOCK_BITS) - 1),
         }
+    }
+
+    /// Back to unused (its buffer retires).
+    fn clear(&self) {
+        for a in [&self.total_bytes, &self.total_blocks, &self.live, &self.max] {
+            a.store(0, Relaxed);
+        }
+        self.alloc.store(u32::MAX, Relaxed);
     }
 
     const fn new() -> Self {
@@ -124,10 +144,8 @@ impl Site {
             alloc: AtomicU32::new(u32::MAX),
             total_bytes: AtomicU64::new(0),
             total_blocks: AtomicU64::new(0),
-            left_bytes: AtomicU64::new(0),
-            left_blocks: AtomicU64::new(0),
-            max_bytes: AtomicU64::new(0),
-            max_blocks: AtomicU64::new(0),
+            live: AtomicU64::new(0),
+            max: AtomicU64::new(0),
         }
     }
 }
@@ -198,8 +216,6 @@ pub(crate) struct Buf {
     len: AtomicUsize,
     requests: AtomicU32,
     tid: AtomicU32,
-    /// The `seq` from which the clock is read again (owner only).
-    next_tick: AtomicU64,
     /// The last clock read (owner only).
     tick: AtomicU64,
     addrs: [AtomicUsize; CAP],
@@ -207,9 +223,11 @@ pub(crate) struct Buf {
     /// buffered there, so a free finds its record without scanning. Checked against
     /// `addrs` before use, so a stale or overwritten entry only costs the scan.
     index: [AtomicU8; INDEX],
-    /// Allocator index, the alignment's log2 in bits 32..40, the site slot in 40..48.
+    /// Allocator index, the alignment's log2 in bits 32..40, the site slot from bit
+    /// [`SLOT_SHIFT`] up.
     metas: [AtomicU64; CAP],
-    sizes: [AtomicUsize; CAP],
+    /// Granted sizes as [`packed`] makes them, ready for the site's live total.
+    sizes: [AtomicU64; CAP],
     requested: [AtomicUsize; CAP],
     times: [AtomicU64; CAP],
     sites: [Site; SITES],
@@ -231,12 +249,11 @@ impl Buf {
             len: AtomicUsize::new(0),
             requests: AtomicU32::new(0),
             tid: AtomicU32::new(0),
-            next_tick: AtomicU64::new(0),
             tick: AtomicU64::new(0),
             addrs: [const { AtomicUsize::new(0) }; CAP],
             index: [const { AtomicU8::new(0) }; INDEX],
             metas: [const { AtomicU64::new(0) }; CAP],
-            sizes: [const { AtomicUsize::new(0) }; CAP],
+            sizes: [const { AtomicU64::new(0) }; CAP],
             requested: [const { AtomicUsize::new(0) }; CAP],
             times: [const { AtomicU64::new(0) }; CAP],
             sites: [const { Site::new() }; SITES],
@@ -251,18 +268,15 @@ impl Buf {
 
     // ---- The owner's side. ----
 
-    /// Reads the clock for this and the next buffered records.
+    /// Reads the clock for the records buffered from now on.
     #[cold]
     #[inline(never)]
-    fn read_clock(&self, s: u64) -> u64 {
-        let t = super::clock::ticks();
-        self.tick.store(t, Relaxed);
-        self.next_tick.store(s + 2 * TICK_EVERY, Relaxed);
-        t
+    fn read_clock(&self) {
+        self.tick.store(super::clock::ticks(), Relaxed);
     }
 
-    /// Starts a write: `seq` odd. `None` (and `seq` even again, nothing written) when a
-    /// request is pending: serve it and retry.
+    /// Starts a write that moves or removes records: `seq` odd. `None` (and `seq` even
+    /// again, nothing written) when a request is pending: serve it and retry.
     #[inline(always)]
     fn begin(&self) -> Option<u64> {
         let s = self.seq.load(Relaxed);
@@ -340,16 +354,43 @@ impl Buf {
     /// The slot of a record (owner only: reads its own writes).
     #[inline(always)]
     fn find(&self, addr: usize, alloc: u32) -> Option<usize> {
-        let len = self.len.load(Relaxed);
+        self.find_fast(addr, alloc)
+            .or_else(|| self.scan(addr, alloc, self.len.load(Relaxed)))
+    }
+
+    /// The slot of a record the newest slot or the index knows (calls nothing). The newest
+    /// first: most blocks are freed right after they were allocated, or in reverse order.
+    #[inline(always)]
+    fn find_fast(&self, addr: usize, alloc: u32) -> Option<usize> {
+        self.find_fast_in(addr, alloc, self.len.load(Relaxed))
+    }
+
+    /// [`find_fast`](Self::find_fast) among the first `len` slots.
+    #[inline(always)]
+    fn find_fast_in(&self, addr: usize, alloc: u32, len: usize) -> Option<usize> {
+        if len == 0 {
+            return None;
+        }
+        let last = (len - 1) % CAP;
+        if self.addrs[last].load(Relaxed) == addr && self.alloc_at(last) == alloc {
+            return Some(last);
+        }
         let hint = self.index[bucket(addr)].load(Relaxed) as usize;
         if hint != 0
             && hint <= len
-            && self.addrs[hint - 1].load(Relaxed) == addr
-            && self.alloc_at(hint - 1) == alloc
+            && self.addrs[(hint - 1) % CAP].load(Relaxed) == addr
+            && self.alloc_at((hint - 1) % CAP) == alloc
         {
             return Some(hint - 1);
         }
-        (0..len)
+        None
+    }
+
+    /// [`find`](Self::find) when the newest slot and the index do not know the record.
+    #[cold]
+    #[inline(never)]
+    fn scan(&self, addr: usize, alloc: u32, len: usize) -> Option<usize> {
+        (0..len.min(CAP))
             .rev()
             .find(|&i| self.addrs[i].load(Relaxed) == addr && self.alloc_at(i) == alloc)
     }
@@ -365,7 +406,7 @@ impl Buf {
         Entry {
             addr: self.addrs[i].load(Relaxed),
             alloc: meta as u32,
-            size: self.sizes[i].load(Relaxed),
+            size: (self.sizes[i].load(Relaxed) >> BLOCK_BITS) as usize,
             requested: self.requested[i].load(Relaxed),
             time: self.times[i].load(Relaxed),
             align_log2: (meta >> 32) as u8,
@@ -381,33 +422,46 @@ impl Buf {
         e
     }
 
-    /// Removes slot `i` without reading it out. Inside a write.
+    /// Removes slot `i` without reading it out. Inside a write. The index keeps pointing
+    /// at the emptied slot: every hint is checked against `addrs` before use.
     #[inline(always)]
     fn drop_at(&self, i: usize) {
-        let meta = self.metas[i].load(Relaxed);
-        let size = self.sizes[i].load(Relaxed);
-        let last = self.len.load(Relaxed) - 1;
-        let gone = &self.index[bucket(self.addrs[i].load(Relaxed))];
-        if gone.load(Relaxed) as usize == i + 1 {
-            gone.store(0, Relaxed);
-        }
-        if i != last {
-            let moved = self.addrs[last].load(Relaxed);
-            let hint = &self.index[bucket(moved)];
-            if hint.load(Relaxed) as usize == last + 1 {
-                hint.store((i + 1) as u8, Relaxed);
-            }
-            self.addrs[i].store(moved, Relaxed);
-            self.metas[i].store(self.metas[last].load(Relaxed), Relaxed);
-            self.sizes[i].store(self.sizes[last].load(Relaxed), Relaxed);
-            self.requested[i].store(self.requested[last].load(Relaxed), Relaxed);
-            self.times[i].store(self.times[last].load(Relaxed), Relaxed);
-        }
-        self.len.store(last, Relaxed);
-        self.sites[(meta >> 40) as usize % SITES].left(size as u64);
+        self.drop_in(i, self.len.load(Relaxed));
     }
 
-    /// The site slot for `alloc`, claiming a free one. Inside a write.
+    /// [`drop_at`](Self::drop_at) with the length as the caller read it.
+    #[inline(always)]
+    fn drop_in(&self, i: usize, len: usize) {
+        let i = i % CAP;
+        self.drop_known(i, self.metas[i].load(Relaxed), len.wrapping_sub(1) % CAP);
+    }
+
+    /// [`drop_in`](Self::drop_in) with slot `i`'s meta word already read, and the last slot.
+    #[inline(always)]
+    fn drop_known(&self, i: usize, meta: u64, last: usize) {
+        self.sites[(meta >> SLOT_SHIFT) as usize % SITES].left(self.sizes[i].load(Relaxed));
+        if i != last {
+            self.move_last(i, last);
+        }
+        self.len.store(last, Relaxed);
+    }
+
+    /// Moves the last record into slot `i`, keeping its index hint. Inside a write.
+    #[inline(always)]
+    fn move_last(&self, i: usize, last: usize) {
+        let moved = self.addrs[last].load(Relaxed);
+        let hint = &self.index[bucket(moved)];
+        if hint.load(Relaxed) as usize == last + 1 {
+            hint.store((i + 1) as u8, Relaxed);
+        }
+        self.addrs[i].store(moved, Relaxed);
+        self.metas[i].store(self.metas[last].load(Relaxed), Relaxed);
+        self.sizes[i].store(self.sizes[last].load(Relaxed), Relaxed);
+        self.requested[i].store(self.requested[last].load(Relaxed), Relaxed);
+        self.times[i].store(self.times[last].load(Relaxed), Relaxed);
+    }
+
+    /// The site slot for `alloc`, claiming a free one.
     #[inline(always)]
     fn site_for(&self, alloc: u32) -> Option<usize> {
         if let Some(j) = self
@@ -430,8 +484,14 @@ impl Buf {
         Some(j)
     }
 
-    /// Buffers a new record; `false` when it cannot (no site left for its allocator): record
-    /// it in the table instead.
+    /// Buffers a new record if that takes no more than appending (calls nothing); `false`:
+    /// the buffer is full, a request waits, or the allocator is not the first site's (see
+    /// [`push_slow`](Self::push_slow)).
+    ///
+    /// A push only appends: it writes the slot past the last record and then the length
+    /// (a release store), so readers never see it half written and `seq` stays as it is.
+    /// Its time is the clock read at the last departure that read it (see
+    /// [`TICK_EVERY`]), or at the last flush.
     #[inline(always)]
     pub(crate) fn push(
         &self,
@@ -441,39 +501,75 @@ impl Buf {
         requested: usize,
         align_log2: u8,
     ) -> bool {
+        let len = self.len.load(Relaxed);
+        // One test for all three ways off the fast path: a full buffer, a request (dead
+        // records are dropped before a record that may reuse their address comes in), an
+        // allocator other than the first site's.
+        if len < CAP
+            && self.requests.load(Relaxed) == 0
+            && self.sites[0].alloc.load(Relaxed) == alloc
+        {
+            self.append(len, 0, addr, alloc, size, requested, align_log2);
+            return true;
+        }
+        false
+    }
+
+    /// Buffers a new record, serving requests and flushing a full buffer first; `false`
+    /// when it cannot (no site left for its allocator): record it in the table instead.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn push_slow(
+        &self,
+        addr: usize,
+        alloc: u32,
+        size: usize,
+        requested: usize,
+        align_log2: u8,
+    ) -> bool {
         loop {
+            if self.requests.load(Acquire) != 0 {
+                self.serve();
+                continue;
+            }
             let len = self.len.load(Relaxed);
-            if len == CAP {
+            if len >= CAP {
                 self.flush();
                 continue;
             }
-            let Some(s) = self.begin() else {
-                self.serve();
-                continue;
-            };
             let Some(slot) = self.site_for(alloc) else {
-                self.abandon(s);
                 return false;
             };
-            let site = &self.sites[slot];
-            let time = if s >= self.next_tick.load(Relaxed) {
-                self.read_clock(s)
-            } else {
-                self.tick.load(Relaxed)
-            };
-            self.addrs[len].store(addr, Relaxed);
-            self.index[bucket(addr)].store((len + 1) as u8, Relaxed);
-            let meta = u64::from(alloc) | u64::from(align_log2) << 32 | (slot as u64) << 40;
-            self.metas[len].store(meta, Relaxed);
-            self.sizes[len].store(size, Relaxed);
-            self.requested[len].store(requested, Relaxed);
-            self.times[len].store(time, Relaxed);
-            self.len.store(len + 1, Relaxed);
-            add(&site.total_bytes, size as u64);
-            add(&site.total_blocks, 1);
-            self.end(s);
+            self.append(len, slot, addr, alloc, size, requested, align_log2);
             return true;
         }
+    }
+
+    /// Writes a record into slot `len` and then the length. The site's totals count it
+    /// first, so a copy taken into a `fork()` child never has a record its totals miss.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn append(
+        &self,
+        len: usize,
+        slot: usize,
+        addr: usize,
+        alloc: u32,
+        size: usize,
+        requested: usize,
+        align_log2: u8,
+    ) {
+        let i = len % CAP;
+        self.addrs[i].store(addr, Relaxed);
+        self.index[bucket(addr)].store((i + 1) as u8, Relaxed);
+        let meta = u64::from(alloc) | u64::from(align_log2) << 32 | (slot as u64) << SLOT_SHIFT;
+        self.metas[i].store(meta, Relaxed);
+        let packed = packed(size);
+        self.sizes[i].store(packed, Relaxed);
+        self.requested[i].store(requested, Relaxed);
+        self.times[i].store(self.tick.load(Relaxed), Relaxed);
+        self.sites[slot % SITES].added(size, packed);
+        self.len.store(i + 1, Release);
     }
 
     /// Takes this thread's own record of a block out of the buffer (its realloc), if it is
@@ -485,34 +581,78 @@ impl Buf {
         Some(e)
     }
 
-    /// Drops this thread's own record of a freed block; `false` if it is not here.
+    /// Drops this thread's own record of a freed block if the newest slot or the index
+    /// finds it and no request waits (calls nothing); `false` otherwise (then
+    /// [`take_own`](Self::take_own) serves the request and looks everywhere).
     #[inline(always)]
     pub(crate) fn forget_own(&self, addr: usize, alloc: u32) -> bool {
-        let Some((s, i)) = self.find_own(addr, alloc) else {
+        let Some(s) = self.begin() else {
             return false;
         };
-        self.drop_at(i);
-        self.end(s);
+        let len = self.len.load(Relaxed);
+        if len == 0 {
+            self.abandon(s);
+            return false;
+        }
+        // The newest record first, as in `find_fast`, keeping its meta word.
+        let last = (len - 1) % CAP;
+        let meta = self.metas[last].load(Relaxed);
+        let (i, meta) = if self.addrs[last].load(Relaxed) == addr && meta as u32 == alloc {
+            (last, meta)
+        } else if let Some(i) = self.find_fast_in(addr, alloc, len) {
+            let i = i % CAP;
+            (i, self.metas[i].load(Relaxed))
+        } else {
+            self.abandon(s);
+            return false;
+        };
+        self.tick_at(s);
+        self.drop_known(i, meta, last);
+        // `seq` read again rather than kept: the caller's fast path has few registers to
+        // spare while a record moves.
+        self.seq.store(self.seq.load(Relaxed) + 1, Release);
         true
     }
 
     /// Starts a write and finds the slot of one of this thread's records (`None`: not
-    /// here, nothing started).
+    /// here, nothing started). Reads the clock every [`TICK_EVERY`] departures.
     #[inline(always)]
     fn find_own(&self, addr: usize, alloc: u32) -> Option<(u64, usize)> {
+        let Some(s) = self.begin() else {
+            return self.find_own_served(addr, alloc);
+        };
+        self.found(s, addr, alloc)
+    }
+
+    /// [`find_own`](Self::find_own) once the write started.
+    #[inline(always)]
+    fn found(&self, s: u64, addr: usize, alloc: u32) -> Option<(u64, usize)> {
+        let Some(i) = self.find(addr, alloc) else {
+            self.abandon(s);
+            return None;
+        };
+        self.tick_at(s);
+        Some((s, i))
+    }
+
+    /// Reads the clock at every [`TICK_EVERY`]th write (`seq` goes up by 2 per write, so it
+    /// passes every multiple).
+    #[inline(always)]
+    fn tick_at(&self, s: u64) {
+        if s % (2 * TICK_EVERY) == 0 {
+            self.tick.store(super::clock::ticks(), Relaxed);
+        }
+    }
+
+    /// [`find_own`](Self::find_own) after serving a request.
+    #[cold]
+    #[inline(never)]
+    fn find_own_served(&self, addr: usize, alloc: u32) -> Option<(u64, usize)> {
         loop {
-            if self.len.load(Relaxed) == 0 && self.requests.load(Relaxed) == 0 {
-                return None;
+            self.serve();
+            if let Some(s) = self.begin() {
+                return self.found(s, addr, alloc);
             }
-            let Some(s) = self.begin() else {
-                self.serve();
-                continue;
-            };
-            let Some(i) = self.find(addr, alloc) else {
-                self.abandon(s);
-                return None;
-            };
-            return Some((s, i));
         }
     }
 
@@ -528,6 +668,8 @@ impl Buf {
             }
             let len = self.len.load(Relaxed);
             if len == 0 {
+                // The records buffered next get a fresh time.
+                self.read_clock();
                 return;
             }
             let e = self.entry_at(len - 1);
@@ -563,17 +705,7 @@ impl Buf {
             };
             table::merge_retired(totals);
             let s = self.begin_anyway();
-            for a in [
-                &site.total_bytes,
-                &site.total_blocks,
-                &site.left_bytes,
-                &site.left_blocks,
-                &site.max_bytes,
-                &site.max_blocks,
-            ] {
-                a.store(0, Relaxed);
-            }
-            site.alloc.store(u32::MAX, Relaxed);
+            site.clear();
             self.end(s);
         }
         self.owned.store(false, Release);
@@ -585,7 +717,7 @@ impl Buf {
     /// Returns the record count.
     fn read(&self, out: &mut [Entry; CAP], sites: &mut [SiteTotals; SITES]) -> usize {
         self.read_with(|buf| {
-            let len = buf.len.load(Relaxed).min(CAP);
+            let len = buf.len.load(Acquire).min(CAP);
             for (i, slot) in out.iter_mut().enumerate().take(len) {
                 *slot = buf.entry_at(i);
             }
@@ -626,7 +758,7 @@ impl Buf {
     /// under the record's shard lock.
     fn take_remote(&self, addr: usize, alloc: u32) -> Option<Entry> {
         let found = self.read_with(|buf| {
-            let len = buf.len.load(Relaxed).min(CAP);
+            let len = buf.len.load(Acquire).min(CAP);
             (0..len)
                 .rev()
                 .find(|&i| buf.addrs[i].load(Relaxed) == addr && buf.alloc_at(i) == alloc)
@@ -715,7 +847,7 @@ pub(crate) fn claim(tid: u32) -> Option<&'static Buf> {
         }
     };
     buf.tid.store(tid, Relaxed);
-    buf.next_tick.store(0, Relaxed);
+    buf.read_clock();
     // SAFETY: the key exists; the value is the thread's buffer, handed to `on_thread_exit`.
     unsafe { libc::pthread_setspecific(key, ptr::from_ref(buf).cast()) };
     Some(buf)
@@ -807,7 +939,9 @@ pub(crate) fn copy_all(
 // ---- fork() ----
 
 /// Before `fork()` (after the table's locks): holds every owner at the start of its next
-/// call, so no buffer is copied into the child half written.
+/// departure, so no buffer is copied into the child half written (a push in flight is
+/// invisible there until its length store, and its site totals may count it: the block is
+/// allocated all the same).
 ///
 /// # Safety
 /// Must be followed by [`after_fork`] on the same thread.

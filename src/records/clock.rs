@@ -39,9 +39,26 @@ static EPOCH_NS: AtomicU64 = AtomicU64::new(0);
 /// Fixes the epoch (time zero of the records) the first time it is called.
 pub(crate) fn start_epoch() {
     if !EPOCH_SET.load(Acquire) && !EPOCH_SET.swap(true, AcqRel) {
-        EPOCH_NS.store(monotonic_ns(), Relaxed);
-        EPOCH_TICKS.store(ticks(), Release);
+        let (t, ns) = paired_reading();
+        EPOCH_NS.store(ns, Relaxed);
+        EPOCH_TICKS.store(t, Release);
     }
+}
+
+/// The tick count and the monotonic clock read together: the closest of a few tries, each
+/// clock read between two tick reads (a thread preempted in between would skew the tick
+/// rate, and two reports would give one record different times).
+fn paired_reading() -> (u64, u64) {
+    let mut best = (u64::MAX, 0, 0);
+    for _ in 0..8 {
+        let before = ticks();
+        let ns = monotonic_ns();
+        let width = ticks().wrapping_sub(before);
+        if width < best.0 {
+            best = (width, before + width / 2, ns);
+        }
+    }
+    (best.1, best.2)
 }
 
 /// Converts ticks into microseconds since the epoch. Built once per report: it may sleep a
@@ -68,7 +85,7 @@ impl TickScale {
         }
         const MIN_SPAN_NS: u64 = 20_000_000;
         loop {
-            let (t, ns) = (ticks(), monotonic_ns());
+            let (t, ns) = paired_reading();
             let span = ns.saturating_sub(epoch_ns);
             if span >= MIN_SPAN_NS && t > epoch_ticks {
                 return Self {

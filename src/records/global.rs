@@ -7,7 +7,7 @@
 use super::mode::{KIND_BASIC, KIND_FULL, KIND_SAMPLE};
 use super::sample::{Rng, next_interval};
 use super::{after_alloc, after_realloc, before_free, before_realloc};
-use crate::registry::SYSTEM;
+use crate::registry::{SYSTEM, SYSTEM_INDEX};
 use crate::system::SystemAllocator;
 use crate::thread_cache::{HOOK_ALLOC, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_SAMPLE};
 use core::alloc::Layout;
@@ -43,6 +43,36 @@ pub(crate) fn free_fast(ptr: *mut u8) -> bool {
     word & super::FREE_HOOK == 0
         || super::skip_unsampled_free(word, ptr as usize)
         || (word & super::FREE_HOOK == super::TRACK_ALL && super::forget_own(&SYSTEM, ptr as usize))
+}
+
+/// Removes the record of a block about to be freed from this thread's buffer, without a
+/// call; `false` if it was not found there that way. For frees whose thread cache says
+/// records of any block may exist: a record found in the buffer is removed whatever the
+/// settings word says now, so the word is not read.
+#[inline(always)]
+pub(crate) fn forget_own(ptr: *mut u8) -> bool {
+    super::forget_own_as(SYSTEM_INDEX as u32, ptr as usize)
+}
+
+/// Records a small block the thread cache just handed out, and returns it. The common case
+/// (a basic record into this thread's buffer) calls nothing and the rest is a tail call, so
+/// a caller that returns the block right away needs no saved registers.
+#[inline(always)]
+pub(crate) fn recorded(ptr: NonNull<u8>, layout: Layout, granted: usize) -> *mut u8 {
+    let word = SYSTEM.records().word();
+    if word & super::ALLOC_HOOK == KIND_BASIC
+        && super::push_own_as(SYSTEM_INDEX as u32, ptr.as_ptr() as usize, layout, granted)
+    {
+        return ptr.as_ptr();
+    }
+    recorded_slowly(ptr, layout, granted)
+}
+
+/// [`recorded`] for everything but a basic record that fits this thread's buffer.
+#[inline(never)]
+fn recorded_slowly(ptr: NonNull<u8>, layout: Layout, granted: usize) -> *mut u8 {
+    after_alloc(&SYSTEM, ptr, layout, granted);
+    ptr.as_ptr()
 }
 
 /// The thread caches' mirror of the settings word (see `thread_cache::HOOK_ALLOC`): which

@@ -21,7 +21,28 @@ struct ThreadState {
     /// The thread's record buffer: null before its first buffered record, [`GONE`] once
     /// the thread's exit hook retired it (or none could be had).
     buf: Cell<*const Buf>,
+    /// `buf` while it is a claimed buffer and the thread is not busy, else null: the one
+    /// word the fast paths test.
+    fast: Cell<*const Buf>,
     sampler: UnsafeCell<Sampler>,
+}
+
+impl ThreadState {
+    fn set_busy(&self, busy: bool) {
+        self.busy.set(busy);
+        self.update_fast();
+    }
+
+    fn set_buf(&self, buf: *const Buf) {
+        self.buf.set(buf);
+        self.update_fast();
+    }
+
+    fn update_fast(&self) {
+        let p = self.buf.get();
+        let usable = !self.busy.get() && p.addr() > GONE.addr();
+        self.fast.set(if usable { p } else { core::ptr::null() });
+    }
 }
 
 /// The buffer pointer of a thread that records straight into the table.
@@ -33,6 +54,7 @@ thread_local! {
             busy: Cell::new(false),
             tid: Cell::new(0),
             buf: Cell::new(core::ptr::null()),
+            fast: Cell::new(core::ptr::null()),
             sampler: UnsafeCell::new(Sampler::new()),
         }
     };
@@ -49,14 +71,24 @@ impl Busy {
     /// record nothing).
     #[inline]
     pub(crate) fn try_enter() -> Option<Busy> {
-        STATE.with(|s| (!s.busy.replace(true)).then(|| Busy { outer: true }))
+        STATE.with(|s| {
+            if s.busy.get() {
+                return None;
+            }
+            s.set_busy(true);
+            Some(Busy { outer: true })
+        })
     }
 
     /// Sets the guard for a report, nesting inside another guard if there is one.
     pub(crate) fn enter() -> Busy {
-        Busy {
-            outer: STATE.with(|s| !s.busy.replace(true)),
-        }
+        STATE.with(|s| {
+            let outer = !s.busy.get();
+            if outer {
+                s.set_busy(true);
+            }
+            Busy { outer }
+        })
     }
 }
 
@@ -64,7 +96,7 @@ impl Drop for Busy {
     #[inline]
     fn drop(&mut self) {
         if self.outer {
-            STATE.with(|s| s.busy.set(false));
+            STATE.with(|s| s.set_busy(false));
         }
     }
 }
@@ -131,17 +163,40 @@ pub(crate) fn target() -> Target {
     })
 }
 
+/// This thread's buffer while it is not busy, read through the thread pointer when the
+/// state's offset is known (see `allocator::thread_pointer`: a `thread_local!` access in
+/// position-independent code is planned as a call, which makes an inlining fast path save
+/// registers); null otherwise.
+#[inline(always)]
+pub(crate) fn own_buffer_quick() -> *const Buf {
+    match crate::allocator::thread_pointer::records_address() {
+        // SAFETY: the offset was learnt from this `thread_local!` (see `claim`) and is the
+        // same in every thread: this thread's state, alive as long as the thread.
+        Some(addr) => unsafe { (*(addr as *const ThreadState)).fast.get() },
+        None => core::ptr::null(),
+    }
+}
+
+/// [`own_buffer_quick`] as a reference; `None` sends the record to [`target`] (calls
+/// nothing).
+#[inline(always)]
+pub(crate) fn own_buffer() -> Option<&'static Buf> {
+    // SAFETY: a non-null `fast` is a claimed buffer, never freed.
+    unsafe { own_buffer_quick().as_ref() }
+}
+
 #[cold]
 #[inline(never)]
 fn claim(s: &ThreadState) -> Target {
+    crate::allocator::thread_pointer::learn_records(core::ptr::from_ref(s).addr());
     let tid = thread_id();
     match buffer::claim(tid) {
         Some(b) => {
-            s.buf.set(b);
+            s.set_buf(b);
             Target::Buffer(b)
         }
         None => {
-            s.buf.set(GONE);
+            s.set_buf(GONE);
             Target::Table
         }
     }
@@ -162,7 +217,7 @@ pub(crate) fn current_buffer() -> *const Buf {
 
 /// The thread's buffer was retired (it exits): later records go to the table.
 pub(crate) fn buffer_gone() {
-    STATE.with(|s| s.buf.set(GONE));
+    STATE.with(|s| s.set_buf(GONE));
 }
 
 /// Runs `f` on this thread's sampler. `f` must not call back into this module.

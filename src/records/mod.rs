@@ -8,22 +8,23 @@
 //! | mode | records | what it costs per call | alloc+free pair, `SystemAllocator` / child (`benches/records.rs`) |
 //! |---|---|---|---|
 //! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch (the `SystemAllocator`: one test of a byte in the thread's own cache) | 2.4–2.6 ns / 8.0–8.1 ns |
-//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | 5.7–7.0 ns / 10.6–11.7 ns |
-//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer; a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | 17.6–18.1 ns / 28.5–29.1 ns |
+//! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | a thread-local countdown per allocation, a filter load per free; a stack walk per sample | 3.8–5.2 ns / 9.0–10.6 ns |
+//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer (no call, no atomic read-modify-write); a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | 7.8–8.5 ns / 27.7–29.2 ns |
 //! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames) per allocation, a lock and a table insert or remove, a clock read | 2.3–2.5 µs / 2.3–2.4 µs |
 //!
 //! (2-core machine, 16- and 256-byte blocks. On the `compare` harness's `small` workload,
-//! 30 million small allocations, the workload's own timing: off 220 ms, sample 321 ms
-//! (+46%; +35% without stacks), basic 544 ms (2.5×), full 53.7 s. In sample and basic
-//! mode every `SystemAllocator` call leaves the fast path for its miss function, where the
-//! countdown, the sample filter and the record buffer are reached.)
+//! 30 million small allocations, the workload's own timing, medians of 9 interleaved runs:
+//! off 215 ms, sample 282 ms (+31%; +22% without stacks), basic 413 ms (1.9×); full 53.7 s
+//! (an earlier build). In sample and basic mode every `SystemAllocator` call leaves the
+//! fast path for its miss function, where the countdown, the sample filter and the record
+//! buffer are reached.)
 //!
 //! Basic records first go to a per-thread buffer of 64 records (see `buffer.rs`), written
 //! by its thread alone with plain stores: a block freed on the thread that allocated it
 //! while its record is still buffered never touches a lock, an atomic read-modify-write or
-//! the shared table. Their times are coarse: a thread reads the clock once per 32 record
-//! operations, and a basic record's time is the last read, which after an idle spell may
-//! be well before the allocation.
+//! the shared table. Their times are coarse: a thread reads the clock about once per 32
+//! frees of buffered records and whenever its buffer overflows, and a basic record's time
+//! is the last read, which after an idle spell may be well before the allocation.
 //!
 //! Set a mode in code, on a handle (`Renderer.set_records(RecordMode::full())`) or on the
 //! `SystemAllocator` (`GLOBAL.set_records(..)`), or at start-up with the environment:
@@ -202,6 +203,10 @@ unsafe extern "C" fn after_fork_in_child() {
 
 /// After an allocation of `granted` bytes at `ptr` for `layout`: records it if the
 /// allocator records.
+///
+/// The common cases (a basic record into this thread's buffer, an allocation sampling
+/// skips) call nothing, and everything else goes through one call: an allocator's fast
+/// path that inlines this needs no saved registers for it.
 #[inline(always)]
 pub(crate) fn after_alloc(
     reg: &'static Registration,
@@ -210,29 +215,44 @@ pub(crate) fn after_alloc(
     granted: usize,
 ) {
     let word = reg.records().word();
-    if word & ALLOC_HOOK == KIND_BASIC {
-        record_basic(reg, word, ptr.as_ptr() as usize, layout, granted);
-    } else if word & ALLOC_HOOK != 0 && !skip_sample(word, layout.size()) {
-        record(reg, word, ptr.as_ptr() as usize, layout, granted);
+    let hook = word & ALLOC_HOOK;
+    if hook == 0 {
+        return;
     }
+    let addr = ptr.as_ptr() as usize;
+    if hook == KIND_BASIC {
+        if push_own(reg, addr, layout, granted) {
+            return;
+        }
+    } else if skip_sample(word, layout.size()) {
+        return;
+    }
+    record(reg, word, addr, layout, granted);
 }
 
-/// A basic record: into this thread's buffer when it can (the common case, kept small).
+/// A basic record into this thread's buffer, if it has one and nothing asks for more than
+/// appending (calls nothing); `false`: record it the long way.
 #[inline(always)]
-fn record_basic(
+pub(crate) fn push_own(
     reg: &'static Registration,
-    word: u64,
     addr: usize,
     layout: Layout,
     granted: usize,
-) {
-    if let (guard::Target::Buffer(buf), Some(index)) = (guard::target(), reg.index()) {
-        let align_log2 = layout.align().trailing_zeros() as u8;
-        if buf.push(addr, index as u32, granted, layout.size(), align_log2) {
-            return;
-        }
-    }
-    record(reg, word, addr, layout, granted);
+) -> bool {
+    let Some(index) = reg.index() else {
+        return false;
+    };
+    push_own_as(index as u32, addr, layout, granted)
+}
+
+/// [`push_own`] for the allocator at registry index `alloc`.
+#[inline(always)]
+pub(crate) fn push_own_as(alloc: u32, addr: usize, layout: Layout, granted: usize) -> bool {
+    let Some(buf) = guard::own_buffer() else {
+        return false;
+    };
+    let align_log2 = layout.align().trailing_zeros() as u8;
+    buf.push(addr, alloc, granted, layout.size(), align_log2)
 }
 
 /// Whether an allocation of `size` bytes in an allocator that only samples is certainly
@@ -249,36 +269,46 @@ pub(crate) fn skip_unsampled_free(word: u64, addr: usize) -> bool {
     word & FREE_HOOK == TRACK_SAMPLED && !table::maybe_sampled(addr)
 }
 
-/// Before `ptr` is freed: removes its record.
+/// Before `ptr` is freed: removes its record. As [`after_alloc`], the common cases (a
+/// record in this thread's buffer, a block the sample filter rules out) call nothing.
 #[inline(always)]
 pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
     let word = reg.records().word();
-    if word & FREE_HOOK == TRACK_ALL {
-        forget_basic(reg, word, ptr.as_ptr() as usize);
-    } else if word & FREE_HOOK != 0 && !skip_unsampled_free(word, ptr.as_ptr() as usize) {
-        forget(reg, word, ptr.as_ptr() as usize);
+    let track = word & FREE_HOOK;
+    if track == 0 {
+        return;
     }
+    let addr = ptr.as_ptr() as usize;
+    if track == TRACK_ALL {
+        if forget_own(reg, addr) {
+            return;
+        }
+    } else if skip_unsampled_free(word, addr) {
+        return;
+    }
+    forget(reg, word, addr);
 }
 
-/// A free in an allocator that may have records of every block: this thread's own buffer
-/// first (the common case, kept small).
-#[inline(always)]
-fn forget_basic(reg: &'static Registration, word: u64, addr: usize) {
-    if !forget_own(reg, addr) {
-        forget(reg, word, addr);
-    }
-}
-
-/// Drops the record of a block this thread allocated and still has in its buffer; `false`
-/// when it is not there (look in the table and the other buffers).
+/// Drops the record of a block this thread allocated and still has in its buffer (calls
+/// nothing); `false` when it is not found there this way (look in the buffer again, then
+/// in the table and the other buffers).
 #[inline(always)]
 pub(crate) fn forget_own(reg: &'static Registration, addr: usize) -> bool {
-    let me = guard::current_buffer();
+    let Some(index) = reg.index() else {
+        return false;
+    };
+    forget_own_as(index as u32, addr)
+}
+
+/// [`forget_own`] for the allocator at registry index `alloc`.
+#[inline(always)]
+pub(crate) fn forget_own_as(alloc: u32, addr: usize) -> bool {
+    let me = guard::own_buffer_quick();
     // SAFETY: a non-null buffer pointer from this thread's state is its claimed buffer,
     // never freed.
-    match (unsafe { me.as_ref() }, reg.index()) {
-        (Some(buf), Some(index)) => buf.forget_own(addr, index as u32),
-        _ => false,
+    match unsafe { me.as_ref() } {
+        Some(buf) => buf.forget_own(addr, alloc),
+        None => false,
     }
 }
 
@@ -348,7 +378,7 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
     let align_log2 = layout.align().trailing_zeros() as u8;
     if kind == KIND_BASIC {
         if let guard::Target::Buffer(buf) = target {
-            if buf.push(addr, index as u32, granted, layout.size(), align_log2) {
+            if buf.push_slow(addr, index as u32, granted, layout.size(), align_log2) {
                 return;
             }
         }
