@@ -183,6 +183,16 @@ fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> 
     }
     // SAFETY: the fast path passes this thread's cache and the request's class.
     unsafe {
+        if thread_cache::hooks_of(tc) & HOOK_ALLOC != 0 {
+            // Records of every allocation: take the block from the cache all the same and
+            // record it here, without the general path's layers.
+            let p = thread_cache::pop_any(tc, class);
+            if let Some(ptr) = NonNull::new(p) {
+                let layout = Layout::from_size_align_unchecked(size, align);
+                return records::global::recorded(ptr, layout, class_size(class));
+            }
+            return alloc_slow(Layout::from_size_align_unchecked(size, align));
+        }
         match thread_cache::charge(tc, class) {
             SampleCharge::Skip => {
                 let p = thread_cache::pop_any(tc, class);
@@ -192,18 +202,27 @@ fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> 
                 thread_cache::refill(tc, class)
             }
             SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
-            SampleCharge::General => {
-                if thread_cache::hooks_of(tc) & HOOK_ALLOC != 0 {
-                    // Records of every allocation: take the block from the cache all the
-                    // same and record it here, without the general path's layers.
-                    let p = thread_cache::pop_any(tc, class);
-                    if let Some(ptr) = NonNull::new(p) {
-                        let layout = Layout::from_size_align_unchecked(size, align);
-                        return records::global::recorded(ptr, layout, class_size(class));
-                    }
+            SampleCharge::Due => alloc_small_due(size, align, class, tc),
+            SampleCharge::General => alloc_slow(Layout::from_size_align_unchecked(size, align)),
+        }
+    }
+}
+
+/// [`alloc_small_missed`] when the class's sample countdown ran out (or was never drawn).
+#[inline(never)]
+fn alloc_small_due(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
+    // SAFETY: `alloc_small_missed` passes this thread's cache and the request's class.
+    unsafe {
+        match thread_cache::charge_due(tc, class) {
+            SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
+            SampleCharge::Skip | SampleCharge::Due => {
+                let p = thread_cache::pop_any(tc, class);
+                if !p.is_null() {
+                    return p;
                 }
-                alloc_slow(Layout::from_size_align_unchecked(size, align))
+                thread_cache::refill(tc, class)
             }
+            SampleCharge::General => alloc_slow(Layout::from_size_align_unchecked(size, align)),
         }
     }
 }
@@ -215,7 +234,7 @@ fn alloc_small_tls(size: usize, align: usize, class: usize) -> *mut u8 {
     match thread_cache::charge_tls(class) {
         SampleCharge::Skip => thread_cache::allocate(class),
         SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
-        SampleCharge::General => {
+        SampleCharge::General | SampleCharge::Due => {
             // SAFETY: the fast path had a valid layout with this size and alignment.
             let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
             alloc_slow(layout)

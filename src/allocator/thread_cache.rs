@@ -684,8 +684,8 @@ pub(crate) fn allocate_gated(
 }
 
 /// Where [`allocate_gated`] missed with a cache in hand: what the records settings say
-/// about this allocation of `class` (see [`SampleCharge`]). Also reopens the fast path of a
-/// class that a settings change closed.
+/// about this allocation of `class` (see [`SampleCharge`]; [`SampleCharge::Due`] is settled
+/// by [`charge_due`]). Also reopens the fast path of a class that a settings change closed.
 ///
 /// # Safety
 /// `tc` is the calling thread's cache as [`allocate_gated`] passed it (not null);
@@ -694,6 +694,15 @@ pub(crate) fn allocate_gated(
 pub(crate) unsafe fn charge(tc: CacheRef, class: usize) -> SampleCharge {
     // SAFETY: forwarded from the caller.
     unsafe { (*tc).charge(class) }
+}
+
+/// Settles a [`SampleCharge::Due`] from [`charge`].
+///
+/// # Safety
+/// As for [`charge`].
+pub(crate) unsafe fn charge_due(tc: CacheRef, class: usize) -> SampleCharge {
+    // SAFETY: forwarded from the caller.
+    unsafe { (*tc).charge_due(class) }
 }
 
 /// Takes a block of `class` from the heap into an empty bin and returns it (the refill
@@ -759,7 +768,10 @@ pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool 
 #[inline(always)]
 pub(crate) fn charge_tls(class: usize) -> SampleCharge {
     // SAFETY: the cache is this thread's own; `class` comes from the class table.
-    CACHE.with(|tc| unsafe { tc.charge(class) })
+    CACHE.with(|tc| match unsafe { tc.charge(class) } {
+        SampleCharge::Due => tc.charge_due(class),
+        charge => charge,
+    })
 }
 
 /// The small-free fast path of `SystemAllocator::dealloc`: pushes the block onto its bin.
@@ -887,6 +899,27 @@ impl ThreadCache {
         if count < until {
             return SampleCharge::Skip; // an empty bin, not a sample
         }
+        SampleCharge::Due
+    }
+
+    /// Settles a [`SampleCharge::Due`]: draws the class's next countdown and says whether
+    /// this allocation is sampled. Out of line, so the miss path that returns `Due` keeps no
+    /// stack frame for it.
+    #[cold]
+    #[inline(never)]
+    fn charge_due(&self, class: usize) -> SampleCharge {
+        let hooks = self.hooks.load(Relaxed);
+        if hooks & (HOOK_ALLOC | HOOK_SAMPLE) != HOOK_SAMPLE {
+            return SampleCharge::General;
+        }
+        let slot = &self.slots[class];
+        let (count, until) = (
+            slot.allocations.load(Relaxed),
+            slot.open_until.load(Relaxed),
+        );
+        if count < until {
+            return SampleCharge::Skip;
+        }
         self.charge_sampled(class, hooks, count, until)
     }
 
@@ -1005,6 +1038,9 @@ pub(crate) enum SampleCharge {
     Skip,
     /// Sampled at this mean interval (the class's countdown ran out): record it.
     Sampled(u64),
+    /// The class's countdown ran out or was never drawn: [`charge_due`] says which of the
+    /// others it is.
+    Due,
     /// Not a sampling matter (records of every allocation, a cache not registered, the
     /// environment not read): take the general path.
     General,
