@@ -14,10 +14,12 @@
 //!
 //! (2-core machine, 16- and 256-byte blocks. On the `compare` harness's `small` workload,
 //! 30 million small allocations, the workload's own timing, medians of 9 interleaved runs:
-//! off 215 ms, sample 282 ms (+31%; +22% without stacks), basic 413 ms (1.9×); full 53.7 s
-//! (an earlier build). In sample and basic mode every `SystemAllocator` call leaves the
-//! fast path for its miss function, where the countdown, the sample filter and the record
-//! buffer are reached.)
+//! off 222.6 ms, sample 233.3 ms (+4.8%), basic 419.6 ms (1.89×); full 5.1 s. With sampling
+//! on, the `SystemAllocator`'s fast paths stay: an allocation leaves only when its class's
+//! count reaches the next sampled block, a free only when the sample filter may hold it. In
+//! basic mode every call leaves the fast path for its miss function, where the record buffer
+//! is reached. Stacks are walked by the platform unwinder until a call site has been seen
+//! twice, then replayed (`unwind.rs`).)
 //!
 //! Basic records first go to a per-thread buffer of 64 records (see `buffer.rs`), written
 //! by its thread alone with plain stores: a block freed on the thread that allocated it

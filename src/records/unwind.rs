@@ -90,21 +90,23 @@ mod imp {
         &SITES[h as usize * WAYS..][..WAYS]
     }
 
-    /// The entry holding `ip`, or else the one to put it in (an empty one, one not
-    /// confirmed, or one picked by the address), with its current value.
+    /// The entry holding `ip`, or else the one to put it in (an empty one, else one not
+    /// confirmed, else one picked by the address), with its current value.
     fn slot(ip: usize) -> (&'static AtomicU64, u64) {
         let set = set(ip);
-        let mut victim = None;
+        let (mut empty, mut unconfirmed) = (None, None);
         for e in set {
             let v = e.load(Relaxed);
             if v != 0 && v >> 16 == ip as u64 {
                 return (e, v);
             }
-            if v == 0 || (v >> 14) & 3 == SEEN_ONCE {
-                victim = victim.or(Some((e, v)));
+            if v == 0 {
+                empty = empty.or(Some((e, v)));
+            } else if (v >> 14) & 3 == SEEN_ONCE {
+                unconfirmed = unconfirmed.or(Some((e, v)));
             }
         }
-        victim.unwrap_or_else(|| {
+        empty.or(unconfirmed).unwrap_or_else(|| {
             let e = &set[(ip >> 4) % WAYS];
             (e, e.load(Relaxed))
         })
@@ -223,6 +225,39 @@ mod imp {
         // Keeps the call to `platform` from becoming a jump: it learns this frame's size
         // from its caller's stack pointer, which must be this function's.
         core::hint::black_box(n)
+    }
+
+    #[cfg(test)]
+    mod set_tests {
+        use super::*;
+
+        #[test]
+        fn call_sites_sharing_a_set_are_all_confirmed() {
+            // Addresses far from any real code, all hashing to one set.
+            let base = 0x7000_0000_0000usize;
+            let same: Vec<usize> = (0..200_000)
+                .map(|i| base + i * 16)
+                .filter(|&ip| core::ptr::eq(set(ip), set(base)))
+                .take(WAYS)
+                .collect();
+            assert_eq!(same.len(), WAYS);
+            for _ in 0..2 {
+                for (i, &ip) in same.iter().enumerate() {
+                    learn(ip, Some(16 * (i + 1)));
+                }
+            }
+            for (i, &ip) in same.iter().enumerate() {
+                assert_eq!(lookup(ip), Some((16 * (i + 1), false)), "{ip:#x}");
+            }
+            // A changed offset is never replayed again; an ending frame is terminal.
+            learn(same[0], Some(8));
+            assert_eq!(lookup(same[0]), None);
+            learn(same[0], Some(16));
+            assert_eq!(lookup(same[0]), None);
+            let end = base + 0x10_0000;
+            learn_terminal(end);
+            assert_eq!(lookup(end), Some((0, true)));
+        }
     }
 
     /// Walks that replayed (tests check that the learning works).
