@@ -227,39 +227,6 @@ mod imp {
         core::hint::black_box(n)
     }
 
-    #[cfg(test)]
-    mod set_tests {
-        use super::*;
-
-        #[test]
-        fn call_sites_sharing_a_set_are_all_confirmed() {
-            // Addresses far from any real code, all hashing to one set.
-            let base = 0x7000_0000_0000usize;
-            let same: Vec<usize> = (0..200_000)
-                .map(|i| base + i * 16)
-                .filter(|&ip| core::ptr::eq(set(ip), set(base)))
-                .take(WAYS)
-                .collect();
-            assert_eq!(same.len(), WAYS);
-            for _ in 0..2 {
-                for (i, &ip) in same.iter().enumerate() {
-                    learn(ip, Some(16 * (i + 1)));
-                }
-            }
-            for (i, &ip) in same.iter().enumerate() {
-                assert_eq!(lookup(ip), Some((16 * (i + 1), false)), "{ip:#x}");
-            }
-            // A changed offset is never replayed again; an ending frame is terminal.
-            learn(same[0], Some(8));
-            assert_eq!(lookup(same[0]), None);
-            learn(same[0], Some(16));
-            assert_eq!(lookup(same[0]), None);
-            let end = base + 0x10_0000;
-            learn_terminal(end);
-            assert_eq!(lookup(end), Some((0, true)));
-        }
-    }
-
     /// Walks that replayed (tests check that the learning works).
     #[cfg(test)]
     pub(super) static REPLAYS: AtomicUsize = AtomicUsize::new(0);
@@ -393,6 +360,39 @@ mod imp {
             }
         }
         URC_NO_REASON
+    }
+
+    #[cfg(test)]
+    mod set_tests {
+        use super::*;
+
+        #[test]
+        fn call_sites_sharing_a_set_are_all_confirmed() {
+            // Addresses far from any real code, all hashing to one set.
+            let base = 0x7000_0000_0000usize;
+            let same: Vec<usize> = (0..200_000)
+                .map(|i| base + i * 16)
+                .filter(|&ip| core::ptr::eq(set(ip), set(base)))
+                .take(WAYS)
+                .collect();
+            assert_eq!(same.len(), WAYS);
+            for _ in 0..2 {
+                for (i, &ip) in same.iter().enumerate() {
+                    learn(ip, Some(16 * (i + 1)));
+                }
+            }
+            for (i, &ip) in same.iter().enumerate() {
+                assert_eq!(lookup(ip), Some((16 * (i + 1), false)), "{ip:#x}");
+            }
+            // A changed offset is never replayed again; an ending frame is terminal.
+            learn(same[0], Some(8));
+            assert_eq!(lookup(same[0]), None);
+            learn(same[0], Some(16));
+            assert_eq!(lookup(same[0]), None);
+            let end = base + 0x10_0000;
+            learn_terminal(end);
+            assert_eq!(lookup(end), Some((0, true)));
+        }
     }
 }
 
