@@ -7,14 +7,14 @@
 //!
 //! | mode | records | what it costs per call | alloc+free pair, `SystemAllocator` / child (`benches/records.rs`) |
 //! |---|---|---|---|
-//! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch (the `SystemAllocator`: nothing of its own; its fast paths test a per-class mark they load anyway) | 2.2 ns / 7.0–7.2 ns |
+//! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch (the `SystemAllocator`: a compare of a per-class mark on allocation, a test of a byte in the thread's own cache on free) | 2.2 ns / 7.0–7.2 ns |
 //! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | the `SystemAllocator`: a per-class countdown in its fast path's own compare, a filter load per free; a child: a thread-local countdown; a replayed stack walk per sample | 2.6–2.7 ns / 8.3–8.6 ns |
 //! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer (no call, no atomic read-modify-write); a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | 8.1–8.3 ns / 27.3–27.9 ns |
 //! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames, replayed from learnt frame sizes once a call site is known) per allocation, a lock and a table insert or remove, a clock read | 189–200 ns / 198–207 ns |
 //!
 //! (2-core machine, 16- and 256-byte blocks. On the `compare` harness's `small` workload,
 //! 30 million small allocations, the workload's own timing, medians of 9 interleaved runs:
-//! off 222.6 ms, sample 233.3 ms (+4.8%), basic 419.6 ms (1.89×); full 5.1 s. With sampling
+//! off 222.6 ms, sample 233.3 ms (+4.8%), basic 419.6 ms (1.89×); full 5.0–5.6 s. With sampling
 //! on, the `SystemAllocator`'s fast paths stay: an allocation leaves only when its class's
 //! count reaches the next sampled block, a free only when the sample filter may hold it. In
 //! basic mode every call leaves the fast path for its miss function, where the record buffer
