@@ -175,7 +175,7 @@ unsafe impl GlobalAlloc for SystemAllocator {
 /// its class's allocation count reached the mark where records want a look (a sampled
 /// allocation, records of every allocation, a settings change). The fast path hands over
 /// the size class and its cache (null: not reachable through the thread pointer). No calls
-/// but tail calls, so no stack frame, except to record a block of every-allocation records.
+/// but tail calls, so no stack frame.
 #[inline(never)]
 fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
     if tc.is_null() {
@@ -194,13 +194,7 @@ fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> 
             return alloc_slow(Layout::from_size_align_unchecked(size, align));
         }
         match thread_cache::charge(tc, class) {
-            SampleCharge::Skip => {
-                let p = thread_cache::pop_any(tc, class);
-                if !p.is_null() {
-                    return p;
-                }
-                thread_cache::refill(tc, class)
-            }
+            SampleCharge::Skip => thread_cache::allocate_in(tc, class),
             SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
             SampleCharge::Due => alloc_small_due(size, align, class, tc),
             SampleCharge::General => alloc_slow(Layout::from_size_align_unchecked(size, align)),
@@ -215,13 +209,7 @@ fn alloc_small_due(size: usize, align: usize, class: usize, tc: CacheRef) -> *mu
     unsafe {
         match thread_cache::charge_due(tc, class) {
             SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
-            SampleCharge::Skip | SampleCharge::Due => {
-                let p = thread_cache::pop_any(tc, class);
-                if !p.is_null() {
-                    return p;
-                }
-                thread_cache::refill(tc, class)
-            }
+            SampleCharge::Skip | SampleCharge::Due => thread_cache::allocate_in(tc, class),
             SampleCharge::General => alloc_slow(Layout::from_size_align_unchecked(size, align)),
         }
     }

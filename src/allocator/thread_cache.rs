@@ -705,15 +705,15 @@ pub(crate) unsafe fn charge_due(tc: CacheRef, class: usize) -> SampleCharge {
     unsafe { (*tc).charge_due(class) }
 }
 
-/// Takes a block of `class` from the heap into an empty bin and returns it (the refill
-/// behind [`pop_any`]); null when the heap is out of memory.
+/// A block of `class` from the cache a fast path found, refilling its bin from the heap
+/// when empty (what [`allocate`] does through `thread_local!`); null when out of memory.
 ///
 /// # Safety
 /// As for [`charge`].
 #[inline(always)]
-pub(crate) unsafe fn refill(tc: CacheRef, class: usize) -> *mut u8 {
+pub(crate) unsafe fn allocate_in(tc: CacheRef, class: usize) -> *mut u8 {
     // SAFETY: forwarded from the caller.
-    unsafe { (*tc).allocate_slow(class) }
+    unsafe { (*tc).allocate(class) }
 }
 
 /// The records hooks of a cache a fast path found (see [`ThreadCache::hooks`]).
