@@ -9,7 +9,12 @@
 //! ```
 //!
 //! Instructions per pair = (Ir with N pairs − Ir with 0 pairs) / N. Arguments: `system`,
-//! `child` or `grandchild`; the request size in bytes; the number of pairs.
+//! `child` or `grandchild`; the request size in bytes; the number of pairs; optionally how
+//! the layout reaches each call: `hoisted` (the default: one runtime value for the whole
+//! loop, which lets the compiler move the size check and class lookup of the simplest
+//! path, the `SystemAllocator`'s, out of the loop), `opaque` (hidden from the optimiser at
+//! every call, as a layout computed per call is) or `const` (a compile-time constant, as
+//! for `Box<T>`; sizes 16 and 1024 only).
 
 use std::alloc::Layout;
 use std::hint::black_box;
@@ -22,23 +27,58 @@ tagalloc::allocator!(Nested: child of Tagged, "child_pairs grandchild");
 #[inline(never)]
 fn run<B: BlockAllocator>(alloc: B, layout: Layout, pairs: u64) {
     for _ in 0..pairs {
-        let block = alloc.allocate_block(layout).expect("out of memory");
-        // SAFETY: the block is ours, at least one byte, freed once with its layout.
-        unsafe {
-            block.ptr.as_ptr().write(1);
-            alloc.deallocate_block(black_box(block.ptr), layout);
-        }
+        pair(alloc, layout);
+    }
+}
+
+/// As [`run`], the layout hidden from the optimiser at every call.
+#[inline(never)]
+fn run_opaque<B: BlockAllocator>(alloc: B, layout: Layout, pairs: u64) {
+    for _ in 0..pairs {
+        pair(alloc, black_box(layout));
+    }
+}
+
+/// As [`run`], with a layout known at compile time.
+#[inline(never)]
+fn run_const<B: BlockAllocator, const SIZE: usize>(alloc: B, pairs: u64) {
+    let layout = Layout::from_size_align(SIZE, 8).unwrap();
+    for _ in 0..pairs {
+        pair(alloc, layout);
+    }
+}
+
+/// `pairs` pairs the way the command line asks (see the module docs).
+fn run_mode<B: BlockAllocator>(alloc: B, layout: Layout, pairs: u64, mode: &str) {
+    match (mode, layout.size()) {
+        ("hoisted", _) => run(alloc, layout, pairs),
+        ("opaque", _) => run_opaque(alloc, layout, pairs),
+        ("const", 16) => run_const::<B, 16>(alloc, pairs),
+        ("const", 1024) => run_const::<B, 1024>(alloc, pairs),
+        _ => panic!("mode: hoisted, opaque, or const with size 16 or 1024"),
+    }
+}
+
+/// One alloc+free pair, touching the block.
+#[inline(always)]
+fn pair<B: BlockAllocator>(alloc: B, layout: Layout) {
+    let block = alloc.allocate_block(layout).expect("out of memory");
+    // SAFETY: the block is ours, at least one byte, freed once with its layout.
+    unsafe {
+        block.ptr.as_ptr().write(1);
+        alloc.deallocate_block(black_box(block.ptr), layout);
     }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: child_pairs system|child|grandchild SIZE PAIRS";
-    let (which, size, pairs) = match &args[..] {
-        [_, which, size, pairs] => (
+    let usage = "usage: child_pairs system|child|grandchild SIZE PAIRS [hoisted|opaque|const]";
+    let (which, size, pairs, mode) = match &args[..] {
+        [_, which, size, pairs, rest @ ..] if rest.len() <= 1 => (
             which.as_str(),
             size.parse::<usize>().expect(usage),
             pairs.parse::<u64>().expect(usage),
+            rest.first().map_or("hoisted", String::as_str),
         ),
         _ => panic!("{usage}"),
     };
@@ -48,15 +88,15 @@ fn main() {
     match which {
         "system" => {
             run(SystemAllocator::new(), layout, 1);
-            run(SystemAllocator::new(), layout, pairs);
+            run_mode(SystemAllocator::new(), layout, pairs, mode);
         }
         "child" => {
             run(Tagged, layout, 1);
-            run(Tagged, layout, pairs);
+            run_mode(Tagged, layout, pairs, mode);
         }
         "grandchild" => {
             run(Nested, layout, 1);
-            run(Nested, layout, pairs);
+            run_mode(Nested, layout, pairs, mode);
         }
         _ => panic!("{usage}"),
     }

@@ -402,6 +402,10 @@ macro_rules! allocator {
             // granted sizes are the parent's.
             unsafe impl $crate::BlockAllocator for $name {
                 const INSTANCE: Self = $name;
+                // A child passes its blocks on unchanged: they are the thread caches' if
+                // its parent's are.
+                const THREAD_CACHE_LANES: bool =
+                    <$parent as $crate::BlockAllocator>::THREAD_CACHE_LANES;
                 #[inline]
                 fn registration() -> &'static $crate::Registration {
                     &REGISTRATION

@@ -92,6 +92,9 @@ impl Budget {
     pub fn set(&self, bytes: Option<usize>, mode: BudgetMode) {
         self.fail.store(mode == BudgetMode::Fail, Relaxed);
         self.limit.store(bytes.unwrap_or(usize::MAX), Relaxed);
+        // A child with a budget (or below one) leaves its thread-cache lane for the path
+        // that checks the budget at every call.
+        crate::lanes::refresh();
     }
 
     /// Replaces the hook called when the budget is exceeded (the default is

@@ -21,12 +21,14 @@
 //! leaves the fast path for code kept out of line.
 
 use crate::budget::BudgetEvent;
+use crate::lanes;
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::Allocation;
-use crate::schema::hpha::size_class::{MAX_SMALL, class_of, class_size};
+use crate::schema::hpha::size_class::{CLASS_BY_UNITS, MAX_SMALL, class_of, class_size};
 use crate::stats::Counters;
 use crate::system::SystemAllocator;
+use crate::thread_cache;
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::NonNull;
 
@@ -43,6 +45,13 @@ use core::ptr::NonNull;
 pub unsafe trait BlockAllocator: Copy + Default + Send + Sync + 'static {
     /// A value of the handle, for `const` contexts (handles are zero-sized).
     const INSTANCE: Self;
+
+    /// Whether this allocator's small blocks are the `SystemAllocator`'s thread-cache
+    /// blocks, so that a child of it may serve them from a lane of its own in the thread
+    /// caches instead of calling it (see the module docs). True for the `SystemAllocator`
+    /// and for children whose parents all lead to it; must stay false for anything else
+    /// (a child would then bypass it).
+    const THREAD_CACHE_LANES: bool = false;
 
     /// This allocator's registry entry.
     fn registration() -> &'static Registration;
@@ -109,6 +118,7 @@ unsafe fn heap_granted(ptr: NonNull<u8>, layout: Layout) -> usize {
 // on the block (and on the layout's size within the requested..=granted range).
 unsafe impl BlockAllocator for SystemAllocator {
     const INSTANCE: Self = SystemAllocator::new();
+    const THREAD_CACHE_LANES: bool = true;
 
     fn registration() -> &'static Registration {
         &SYSTEM
@@ -234,8 +244,52 @@ impl<P: BlockAllocator> Child<P> {
         !refused
     }
 
-    /// Allocates through the parent, counts the block and records it; see
-    /// [`BlockAllocator::allocate_block`].
+    /// Allocates through the parent (or the child's lane of the thread cache), counts the
+    /// block and records it; see [`BlockAllocator::allocate_block`].
+    ///
+    /// A small request to a child of the `SystemAllocator` with an open lane is a pop from
+    /// the lane's bin in the thread cache (see the module docs). Everything else takes the
+    /// general path: the parent's call, counted in the child's own counters.
+    #[inline(always)]
+    pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
+        if P::THREAD_CACHE_LANES && layout.size() <= MAX_SMALL && layout.align() <= 8 {
+            let units = layout.size().div_ceil(8);
+            let class = CLASS_BY_UNITS[units] as usize;
+            // SAFETY: the lane word is 0 or a lane's offset from the thread pointer (set
+            // once by `lanes::claim`); the class comes from the class table.
+            let p = unsafe {
+                thread_cache::lane_allocate(self.counters().lane_offset(), class, layout.size())
+            };
+            if let Some(ptr) = NonNull::new(p) {
+                let size = GRANTED_BY_UNITS[units] as usize;
+                return Some(Allocation { ptr, size });
+            }
+            return self.allocate_lane_missed(layout, class);
+        }
+        self.allocate_general(layout)
+    }
+
+    /// A small allocation its lane did not serve: a refill if the lane is open, else the
+    /// general path (and, the first time, a lane asked for).
+    #[inline(never)]
+    fn allocate_lane_missed(self, layout: Layout, class: usize) -> Option<Allocation> {
+        let counters = self.counters();
+        // SAFETY: as in `allocate`.
+        let refilled = unsafe {
+            thread_cache::lane_allocate_missed(counters.lane_offset(), class, layout.size())
+        };
+        if let Some(p) = refilled {
+            let size = class_size(class);
+            return NonNull::new(p).map(|ptr| Allocation { ptr, size });
+        }
+        let block = self.allocate_general(layout);
+        if counters.lane_unclaimed() && thread_cache::lanes_reachable() {
+            lanes::claim(self.registration);
+        }
+        block
+    }
+
+    /// Allocates through the parent, counts the block and records it.
     ///
     /// The common case is one check before the parent's call (the allocator has a shard
     /// slot, which it claims only once registered, and no budget) and one after it (the
@@ -243,7 +297,7 @@ impl<P: BlockAllocator> Child<P> {
     /// else (the first call, a budget, a thread's first or last calls) takes a slow path
     /// kept out of line.
     #[inline(always)]
-    pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
+    fn allocate_general(&self, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
         let Some(slot) = counters.fast_slot(self.registration.budget()) else {
             return self.allocate_slow(layout, false);
@@ -302,12 +356,59 @@ impl<P: BlockAllocator> Child<P> {
         self.account(block, layout)
     }
 
-    /// Frees through the parent and uncounts the block; returns its granted size.
+    /// Frees through the parent (or into the child's lane) and uncounts the block;
+    /// returns its granted size.
     ///
     /// # Safety
     /// As for [`BlockAllocator::deallocate_block`].
     #[inline(always)]
     pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        if P::THREAD_CACHE_LANES && layout.size() <= MAX_SMALL && layout.align() <= 8 {
+            let units = layout.size().div_ceil(8);
+            let class = CLASS_BY_UNITS[units] as usize;
+            // SAFETY: as in `allocate`; the block is a live small block of this class (the
+            // layout picks the same class as at its allocation, whatever path served it:
+            // every path gives small blocks at alignment ≤ 8 this class's slots).
+            unsafe {
+                let lane = self.counters().lane_offset();
+                if thread_cache::lane_free(lane, ptr.as_ptr(), class, layout.size()) {
+                    return GRANTED_BY_UNITS[units] as usize;
+                }
+                return self.deallocate_lane_missed(ptr, layout, class);
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate_general(ptr, layout) }
+    }
+
+    /// A small free its lane did not take: into a full bin if the lane is open, else the
+    /// general path.
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`]; `class` is the block's.
+    #[inline(never)]
+    unsafe fn deallocate_lane_missed(
+        self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        class: usize,
+    ) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let lane = self.counters().lane_offset();
+            if thread_cache::lane_free_missed(lane, ptr.as_ptr(), class, layout.size()) {
+                return class_size(class);
+            }
+            self.deallocate_general(ptr, layout)
+        }
+    }
+
+    /// Frees through the parent, uncounts the block and drops its record.
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`].
+    #[inline(always)]
+    unsafe fn deallocate_general(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // The record leaves before the block does, so no other thread can have reused
         // the address and recorded it yet.
         if self.registration.records().word() != 0 {

@@ -349,6 +349,9 @@ impl Registration {
     pub(crate) fn records_changed(&self) {
         if core::ptr::eq(self, &SYSTEM) {
             crate::thread_cache::system_records_changed();
+        } else {
+            // A child with records takes its general path (see `lanes`).
+            crate::lanes::refresh();
         }
     }
 }

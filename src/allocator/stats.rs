@@ -50,9 +50,10 @@ pub(crate) use shard::ShardSet;
 use shard::{SHARD_BYTES, SLOTS, Shard, ShardSum};
 
 use crate::budget::Budget;
+use crate::lanes::{self, LaneSum};
 use crate::thread_cache;
 use core::sync::atomic::{
-    AtomicU32, AtomicU64, AtomicUsize,
+    AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 
@@ -127,7 +128,23 @@ pub struct Counters {
     /// the set's address with no multiply; [`UNSET`] before a slot is chosen, [`NO_SLOT`]
     /// when none is left), and [`EXACT`] while a budget routes calls to the atomics.
     route: AtomicU32,
+    /// Where the allocator's lane of the thread caches sits, as an offset from the thread
+    /// pointer (the same in every thread; see `lanes`), for a child of the `SystemAllocator`
+    /// that has one; 0 otherwise.
+    lane: AtomicUsize,
+    /// Whether a lane was asked for yet: [`LANE_UNCLAIMED`], [`LANE_OWNED`], [`LANE_NONE`].
+    lane_claim: AtomicU8,
+    /// The lanes whose blocks this allocator's figures include (bit `i`: lane `i`): its own
+    /// and those of the children below it.
+    lanes_below: AtomicU32,
 }
+
+/// [`Counters::lane_claim`]: no lane asked for yet.
+const LANE_UNCLAIMED: u8 = 0;
+/// [`Counters::lane_claim`]: the allocator owns the lane in [`Counters::lane`].
+const LANE_OWNED: u8 = 1;
+/// [`Counters::lane_claim`]: none was left; the allocator counts in shards.
+const LANE_NONE: u8 = 2;
 
 /// The slot bits of [`Counters::route`].
 const SLOT_MASK: u32 = 0xFFFF;
@@ -199,7 +216,50 @@ impl Counters {
             over_budget: AtomicU64::new(0),
             budget_failures: AtomicU64::new(0),
             route: AtomicU32::new(UNSET),
+            lane: AtomicUsize::new(0),
+            lane_claim: AtomicU8::new(LANE_UNCLAIMED),
+            lanes_below: AtomicU32::new(0),
         }
+    }
+
+    // ---- Lanes (children of the `SystemAllocator`; see `lanes`) ----
+
+    /// The offset of the allocator's lane from the thread pointer; 0 while it has none.
+    #[inline(always)]
+    pub(crate) fn lane_offset(&self) -> usize {
+        self.lane.load(Relaxed)
+    }
+
+    /// Whether the allocator has not asked for a lane yet.
+    #[inline]
+    pub(crate) fn lane_unclaimed(&self) -> bool {
+        self.lane_claim.load(Acquire) == LANE_UNCLAIMED
+    }
+
+    /// Records the outcome of asking for a lane (under the thread registry's lock).
+    pub(crate) fn set_lane(&self, offset: Option<usize>) {
+        if let Some(offset) = offset {
+            self.lane.store(offset, Relaxed);
+        }
+        let claim = if offset.is_some() {
+            LANE_OWNED
+        } else {
+            LANE_NONE
+        };
+        self.lane_claim.store(claim, Release);
+    }
+
+    /// Includes lane `index` in this allocator's figures from now on.
+    pub(crate) fn add_lane_below(&self, index: usize) {
+        self.lanes_below.fetch_or(1 << index, Relaxed);
+    }
+
+    /// Adds the calls and requested bytes of an exiting thread's lane (its granted bytes
+    /// are already published) to the shared counters.
+    pub(crate) fn absorb_lane(&self, allocations: u64, frees: u64, requested: usize) {
+        self.live_requested.fetch_add(requested, Relaxed);
+        self.allocations.fetch_add(allocations, Relaxed);
+        self.frees.fetch_add(frees, Relaxed);
     }
 
     // ---- The sharded path (children, in the common case) ----
@@ -405,6 +465,11 @@ impl Counters {
     fn enter_exact(&'static self) {
         let threads = thread_cache::lock_threads();
         let route = self.route.fetch_or(EXACT, Acquire);
+        if route & EXACT == 0 {
+            // The lanes below are closed while the budget is set (see `lanes::refresh`):
+            // what they hold moves into the shared figure once.
+            lanes::publish_all(&threads, self.lanes_below.load(Relaxed));
+        }
         let slot = slot_of(route & SLOT_MASK);
         if route & EXACT == 0 && slot < SLOTS {
             threads.for_each_shards(|set| {
@@ -541,9 +606,10 @@ impl Counters {
     /// Also raises the recorded peak to the live total it reads.
     pub fn snapshot(&self) -> AllocatorStats {
         let slot = slot_of(self.route.load(Acquire) & SLOT_MASK);
-        // The shared figures are read under the same lock as the shards, so no exiting
-        // thread moves its counts from one to the other between the reads.
-        let threads = (slot < SLOTS).then(thread_cache::lock_threads);
+        let lanes_below = self.lanes_below.load(Acquire);
+        // The shared figures are read under the same lock as the shards and lanes, so no
+        // exiting thread moves its counts from one to the other between the reads.
+        let threads = (slot < SLOTS || lanes_below != 0).then(thread_cache::lock_threads);
         // Frees are read before allocations, so a block allocated and freed between the two
         // reads never makes `live_blocks` negative (within one thread's counts).
         let frees = self.frees.load(Relaxed);
@@ -554,17 +620,28 @@ impl Counters {
         let requested = self.live_requested.load(Relaxed);
         let reallocations = self.reallocations.load(Relaxed);
         let mut sum = ShardSum::default();
+        let mut lanes = LaneSum::default();
         if let Some(threads) = &threads {
-            threads.for_each_shards(|set| set.add_slot_to(slot, &mut sum));
+            if slot < SLOTS {
+                threads.for_each_shards(|set| set.add_slot_to(slot, &mut sum));
+            }
+            lanes = lanes::sum(threads, lanes_below);
         }
         drop(threads);
-        let frees = frees + sum.frees;
-        let allocations = allocations + sum.allocations;
-        let live_granted_bytes = non_negative(granted.wrapping_add(sum.unpublished));
+        let frees = frees + sum.frees + lanes.frees;
+        let allocations = allocations + sum.allocations + lanes.allocations;
+        let live_granted_bytes = non_negative(
+            granted
+                .wrapping_add(sum.unpublished)
+                .wrapping_add(lanes.unpublished),
+        );
         self.raise_peak(live_granted_bytes);
+        let requested = requested
+            .wrapping_add(sum.requested)
+            .wrapping_add(lanes.requested);
         AllocatorStats {
             live_granted_bytes,
-            live_requested_bytes: Some(non_negative(requested.wrapping_add(sum.requested))),
+            live_requested_bytes: Some(non_negative(requested)),
             live_blocks: allocations.saturating_sub(frees) as usize,
             allocations,
             frees,

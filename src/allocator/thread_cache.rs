@@ -25,7 +25,12 @@
 //! walk the same registry, and retiring a cache moves its shards' counts into the shared
 //! counters.
 
-use super::thread_pointer;
+mod lane;
+
+pub(crate) use lane::Lane;
+use lane::{CLOSED, OPEN, bin_limit, freeing_limit};
+
+use super::{lanes, thread_pointer};
 use crate::config;
 use crate::os::OsAllocator;
 use crate::records;
@@ -35,7 +40,7 @@ use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
 use crate::stats::ShardSet;
 use crate::sync::{SpinGuard, SpinLock};
 use core::alloc::Layout;
-use core::cell::{Cell, UnsafeCell};
+use core::cell::Cell;
 use core::ptr::{self, null_mut};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*, fence};
 
@@ -48,51 +53,16 @@ fn cold_path() {}
 /// The process-wide heap behind `SystemAllocator` and the thread caches.
 pub(crate) static HEAP: HphaSchema<OsAllocator> = HphaSchema::new(OsAllocator);
 
-/// Bytes a bin may hold before it gives half back, bounded in blocks below.
-const BIN_BYTES: usize = 16 * 1024;
-const MIN_BIN_BLOCKS: usize = 4;
-const MAX_BIN_BLOCKS: usize = 128;
-
-/// How many blocks of `class` a cache may hold.
-const fn bin_limit(class: usize) -> u32 {
-    let n = BIN_BYTES / class_size(class);
-    let n = if n < MIN_BIN_BLOCKS {
-        MIN_BIN_BLOCKS
-    } else {
-        n
-    };
-    (if n > MAX_BIN_BLOCKS {
-        MAX_BIN_BLOCKS
-    } else {
-        n
-    }) as u32
-}
-
-/// How many blocks of `class` a cache holds before its thread first allocates the class:
-/// a quarter of the limit. A thread that only frees a class (it collects what others
-/// allocated) then keeps little of it from the threads that could reuse it.
-const fn freeing_limit(class: usize) -> u32 {
-    let n = bin_limit(class) / 4;
-    if n < MIN_BIN_BLOCKS as u32 {
-        MIN_BIN_BLOCKS as u32
-    } else {
-        n
-    }
-}
-
-/// Blocks taken by the first refill of a bin.
-const FIRST_REFILL: u32 = 4;
-
 const STATE_NEW: u8 = 0;
 const STATE_ACTIVE: u8 = 1;
 const STATE_DEAD: u8 = 2;
 
-/// [`ThreadCache::hooks`]: allocations take the `SystemAllocator`'s general path (records of
+/// [`Lane::hooks`]: allocations take the `SystemAllocator`'s general path (records of
 /// every allocation, the environment not read yet, or a cache that is not registered). The
 /// allocation fast path does not read the hooks: each class's
-/// [`open_until`](ClassSlot::open_until) mark, set from them, sends it to its miss path.
+/// [`open_until`](lane::ClassSlot::open_until) mark, set from them, sends it to its miss path.
 pub(crate) const HOOK_ALLOC: u8 = 1;
-/// Allocations are sampled: each class's [`open_until`](ClassSlot::open_until) mark is the
+/// Allocations are sampled: each class's [`open_until`](lane::ClassSlot::open_until) mark is the
 /// allocation count of its next sampled block, so the fast path leaves only for that one.
 pub(crate) const HOOK_SAMPLE: u8 = 2;
 /// Frees take the general path (records of any block may be in the table).
@@ -103,33 +73,6 @@ pub(crate) const HOOK_FREE_SAMPLED: u8 = 8;
 /// A cache that is new or dead sends everything down the general path, which checks the
 /// settings word itself and registers the cache.
 const HOOKS_UNREGISTERED: u8 = HOOK_ALLOC | HOOK_FREE;
-
-/// One size class's cached blocks.
-#[derive(Clone, Copy)]
-struct Bin {
-    head: *mut FreeSlot,
-    /// Where the class's net frees (`frees - allocations`, the counters the statistics
-    /// read) reach a full bin: the bin's count is that net minus `full_at - limit`. The
-    /// count is frees into the bin minus blocks taken from it since the last refill: a
-    /// refill may hand over a page's whole free list, which is not counted (so a thread
-    /// that mostly allocates never walks those cold blocks), and taking them may drive it
-    /// below zero. It never exceeds the list's length, and is reset to 0 at each refill
-    /// (the list is empty then), so the bin holds at most `limit` plus one refill. Kept
-    /// this way, the fast paths update only the statistics' counters, never a second one.
-    full_at: i64,
-}
-
-/// How big one size class's bin may grow; only the slow paths read it, so it lives apart
-/// from the [`Bin`] (which keeps a class's fast-path slot at 40 bytes).
-struct BinSizing {
-    /// Blocks to take at the next refill: starts small so a short-lived thread that uses a
-    /// class once does not take (and later give back) a whole batch, and doubles with use
-    /// up to half the limit.
-    refill: u32,
-    /// 0 until the cache is registered and again once it is dead, so that the first free
-    /// of a new cache, and every free of a dead one, takes the slow path.
-    limit: i32,
-}
 
 /// Per-class allocation and free counts shared by exited threads and threads running
 /// without a cache (updated with read-modify-writes, from any thread).
@@ -193,39 +136,21 @@ impl FrontTotals {
     }
 }
 
-/// One size class of a thread's cache: its bin (owner-only) and its counts (owner writes,
-/// anyone reads), side by side so the fast path touches one cache line.
-struct ClassSlot {
-    bin: UnsafeCell<Bin>,
-    allocations: AtomicU64,
-    frees: AtomicU64,
-    /// The fast path serves an allocation only while `allocations` is below this: [`OPEN`]
-    /// with records off, [`CLOSED`] when every allocation must step aside (records of every
-    /// allocation, a cache not registered, a settings change not yet seen by the owner), and
-    /// while sampling the count at which the class's next sampled allocation falls. The
-    /// owner writes it on its miss path; a thread changing the records settings closes it.
-    open_until: AtomicU64,
-}
-
-/// [`ClassSlot::open_until`] with records off.
-const OPEN: u64 = u64::MAX;
-/// [`ClassSlot::open_until`] when the next allocation must take the miss path and look at
-/// the hooks; while sampling, also "no countdown drawn for this class yet".
-const CLOSED: u64 = 0;
+/// Lanes per thread cache: lane 0 for the `SystemAllocator`, then [`CHILD_LANES`] for child
+/// allocators.
+pub(crate) const LANES: usize = CHILD_LANES + 1;
+/// How many child allocators get a lane of their own (the first ones to allocate); later
+/// ones count in the tagged counters' per-thread shards instead.
+pub(crate) const CHILD_LANES: usize = 7;
 
 /// One thread's cache. Lives in TLS; other threads only read its counters and, under the
-/// registry lock, its links.
+/// registry lock, its links and its child lanes' gates.
+#[repr(C)]
 pub(crate) struct ThreadCache {
-    /// What the `SystemAllocator`'s records ask of this thread's fast paths ([`HOOK_ALLOC`],
-    /// [`HOOK_SAMPLE`], [`HOOK_FREE`]): a mirror of its settings word, written under the
-    /// registry lock by whoever changes the word and read by the owner with one load from
-    /// its own TLS (no static to reach, no shared line). 0: records off, nothing to do.
-    hooks: AtomicU8,
+    /// Lane 0 is the `SystemAllocator`'s; see [`Lane`] and `crate::allocator::lanes`.
+    lanes: [Lane; LANES],
     /// The owner's generator for sample countdowns (0 until seeded).
     sample_rng: Cell<u64>,
-    slots: [ClassSlot; CLASS_COUNT],
-    /// Owner only.
-    sizing: [UnsafeCell<BinSizing>; CLASS_COUNT],
     /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`).
     shards: ShardSet,
     state: Cell<u8>,
@@ -233,28 +158,16 @@ pub(crate) struct ThreadCache {
     prev: AtomicPtr<ThreadCache>,
 }
 
+/// The byte offset of lane `index` from the start of a [`ThreadCache`].
+pub(crate) const fn lane_offset(index: usize) -> usize {
+    core::mem::offset_of!(ThreadCache, lanes) + index * size_of::<Lane>()
+}
+
 impl ThreadCache {
     const fn new() -> Self {
         Self {
-            hooks: AtomicU8::new(HOOKS_UNREGISTERED),
+            lanes: [const { Lane::new(HOOKS_UNREGISTERED) }; LANES],
             sample_rng: Cell::new(0),
-            slots: [const {
-                ClassSlot {
-                    bin: UnsafeCell::new(Bin {
-                        head: null_mut(),
-                        full_at: 0,
-                    }),
-                    allocations: AtomicU64::new(0),
-                    frees: AtomicU64::new(0),
-                    open_until: AtomicU64::new(CLOSED),
-                }
-            }; CLASS_COUNT],
-            sizing: [const {
-                UnsafeCell::new(BinSizing {
-                    refill: FIRST_REFILL,
-                    limit: 0,
-                })
-            }; CLASS_COUNT],
             shards: ShardSet::new(),
             state: Cell::new(STATE_NEW),
             next: AtomicPtr::new(null_mut()),
@@ -262,141 +175,63 @@ impl ThreadCache {
         }
     }
 
-    /// The bin of `class`.
-    ///
-    /// # Safety
-    /// Only the owning thread (or a forked child that adopted the cache) may call this, and
-    /// not while another reference to the bin is live; `class < CLASS_COUNT`.
+    /// The `SystemAllocator`'s lane.
     #[inline(always)]
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn bin(&self, class: usize) -> &mut Bin {
-        // SAFETY: forwarded from the caller; the `&mut` covers only the bin, never the
-        // counters other threads read.
-        unsafe { &mut *self.slots.get_unchecked(class).bin.get() }
+    fn system(&self) -> &Lane {
+        &self.lanes[0]
     }
 
-    /// The sizing of the bin of `class`.
-    ///
-    /// # Safety
-    /// As for [`bin`](Self::bin).
-    #[inline(always)]
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn sizing(&self, class: usize) -> &mut BinSizing {
-        // SAFETY: forwarded from the caller.
-        unsafe { &mut *self.sizing.get_unchecked(class).get() }
+    /// The index of `lane`, one of this cache's lanes.
+    fn lane_index(&self, lane: &Lane) -> usize {
+        (ptr::from_ref(lane).addr() - ptr::from_ref(&self.lanes[0]).addr()) / size_of::<Lane>()
     }
 
-    /// Counts an allocation; only the owning thread writes, so a load and a store suffice.
-    ///
-    /// # Safety
-    /// `class < CLASS_COUNT`.
-    #[inline(always)]
-    unsafe fn owner_alloc(&self, class: usize) {
-        // SAFETY: forwarded from the caller.
-        let n = unsafe { &self.slots.get_unchecked(class).allocations };
-        n.store(n.load(Relaxed) + 1, Relaxed);
-    }
-
-    /// Counts a free, as [`owner_alloc`](Self::owner_alloc).
-    ///
-    /// # Safety
-    /// `class < CLASS_COUNT`.
-    #[inline(always)]
-    unsafe fn owner_free(&self, class: usize) {
-        // SAFETY: forwarded from the caller.
-        let n = unsafe { &self.slots.get_unchecked(class).frees };
-        n.store(n.load(Relaxed) + 1, Relaxed);
-    }
-
-    /// The class's net frees on this thread (frees minus allocations, wrapping).
-    #[inline(always)]
-    fn net_frees(&self, class: usize) -> i64 {
-        // SAFETY: callers pass `class < CLASS_COUNT`.
-        let slot = unsafe { self.slots.get_unchecked(class) };
-        slot.frees
-            .load(Relaxed)
-            .wrapping_sub(slot.allocations.load(Relaxed)) as i64
-    }
-
-    /// Whether the bin of `class` holds its limit (see [`Bin::full_at`]).
-    ///
-    /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`.
-    #[inline(always)]
-    unsafe fn bin_full(&self, class: usize) -> bool {
-        // SAFETY: forwarded from the caller.
-        self.net_frees(class) >= unsafe { self.bin(class) }.full_at
-    }
-
-    /// The bin's count (see [`Bin::full_at`]).
-    ///
-    /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`.
-    unsafe fn count(&self, class: usize) -> i32 {
-        // SAFETY: forwarded from the caller.
-        let (bin, limit) = unsafe { (self.bin(class), self.sizing(class).limit) };
-        (self.net_frees(class) - (bin.full_at - i64::from(limit))) as i32
-    }
-
-    /// Sets the bin's count (its limit stays).
-    ///
-    /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`.
-    unsafe fn set_count(&self, class: usize, count: i32) {
-        let net = self.net_frees(class);
-        // SAFETY: forwarded from the caller.
-        let (bin, limit) = unsafe { (self.bin(class), self.sizing(class).limit) };
-        bin.full_at = net - i64::from(count) + i64::from(limit);
-    }
-
-    /// Sets the bin's limit, its count staying.
-    ///
-    /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`.
-    unsafe fn set_limit(&self, class: usize, limit: i32) {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            let count = self.count(class);
-            self.sizing(class).limit = limit;
-            self.set_count(class, count);
-        }
-    }
-
-    /// Moves this cache's counts into the orphan counters and zeroes them.
+    /// Moves this cache's counts into the orphan counters and zeroes them (every lane's
+    /// blocks are the `SystemAllocator`'s).
     fn move_counts_to_orphans(&self) {
-        for (class, slot) in self.slots.iter().enumerate() {
-            ORPHANS.allocations[class].fetch_add(slot.allocations.swap(0, Relaxed), Relaxed);
-            ORPHANS.frees[class].fetch_add(slot.frees.swap(0, Relaxed), Relaxed);
+        for lane in &self.lanes {
+            for (class, slot) in lane.slots.iter().enumerate() {
+                ORPHANS.allocations[class].fetch_add(slot.allocations.swap(0, Relaxed), Relaxed);
+                ORPHANS.frees[class].fetch_add(slot.frees.swap(0, Relaxed), Relaxed);
+            }
         }
     }
 
-    /// Adds this cache's counts to `totals`.
+    /// Adds this cache's counts, every lane's, to `totals`.
     fn add_counts_to(&self, totals: &mut FrontTotals) {
-        for (class, slot) in self.slots.iter().enumerate() {
-            totals.add(
-                class,
-                slot.allocations.load(Relaxed),
-                slot.frees.load(Relaxed),
-            );
+        for lane in &self.lanes {
+            for (class, slot) in lane.slots.iter().enumerate() {
+                totals.add(
+                    class,
+                    slot.allocations.load(Relaxed),
+                    slot.frees.load(Relaxed),
+                );
+            }
         }
     }
 
+    /// A block of `class` from `lane`, refilling its bin from the heap when empty.
+    ///
+    /// # Safety
+    /// Owning thread; `lane` is one of this cache's lanes; `class < CLASS_COUNT`.
     #[inline(always)]
-    unsafe fn allocate(&self, class: usize) -> *mut u8 {
+    unsafe fn allocate(&self, lane: &Lane, class: usize) -> *mut u8 {
         // SAFETY: called on the owning thread with a valid class.
         unsafe {
-            let bin = self.bin(class);
+            let bin = lane.bin(class);
             let slot = bin.head;
             if slot.is_null() {
-                return self.allocate_slow(class);
+                return self.allocate_slow(lane, class);
             }
-            self.pop(bin, slot, class)
+            lane.pop(bin, slot, class)
         }
     }
 
+    /// Refills the bin of `class` in `lane` and takes a block. A child lane is refilled only
+    /// while the cache is live (the caller checks); lane 0 also serves dead and new caches.
     #[cold]
     #[inline(never)]
-    unsafe fn allocate_slow(&self, class: usize) -> *mut u8 {
+    unsafe fn allocate_slow(&self, lane: &Lane, class: usize) -> *mut u8 {
         let small = HEAP.small_heap();
         match self.state.get() {
             STATE_DEAD => {
@@ -411,17 +246,17 @@ impl ThreadCache {
         }
         if self.state.get() == STATE_DEAD {
             // Registration failed: this thread runs without a cache.
-            // SAFETY: same thread, same class.
-            return unsafe { self.allocate_slow(class) };
+            // SAFETY: same thread, same lane and class.
+            return unsafe { self.allocate_slow(lane, class) };
         }
         // SAFETY: owning thread, valid class.
-        if unsafe { self.sizing(class) }.limit < bin_limit(class) as i32 {
+        if unsafe { lane.sizing(class) }.limit < bin_limit(class) as i32 {
             // The thread allocates this class itself: its bin may hold a full limit now.
             // SAFETY: as above.
-            unsafe { self.set_limit(class, bin_limit(class) as i32) };
+            unsafe { lane.set_limit(class, bin_limit(class) as i32) };
         }
         // SAFETY: owning thread, valid class.
-        let (bin, sizing) = unsafe { (self.bin(class), self.sizing(class)) };
+        let (bin, sizing) = unsafe { (lane.bin(class), lane.sizing(class)) };
         let full_batch = sizing.limit as u32 / 2;
         let want = sizing.refill.min(full_batch).max(1) as usize;
         // A bin in steady use takes a page's whole free list up to eight times its batch,
@@ -440,28 +275,46 @@ impl ThreadCache {
         // bin is empty here, so the rest becomes the bin and the count starts again.
         unsafe {
             bin.head = (*head).next;
-            self.owner_alloc(class);
-            self.set_count(class, 0);
+            lane.owner_alloc(class);
+            lane.set_count(class, 0);
             mark_allocated(head.cast());
         }
+        self.after_lane_slow_path(lane, class);
         head.cast()
     }
 
+    /// After a refill or an overflow of a child lane's bin: publishes the class's granted
+    /// bytes into the owners' shared figures (their peak), see `lanes`.
     #[inline(always)]
-    unsafe fn free(&self, ptr: *mut u8, class: usize) {
-        // SAFETY: `ptr` is a live small block of `class` (caller's contract); owning thread.
-        unsafe {
-            if self.bin_full(class) {
-                check_free(ptr, class);
-                return self.free_slow(ptr, class);
-            }
-            self.push(self.bin(class), ptr, class);
+    fn after_lane_slow_path(&self, lane: &Lane, class: usize) {
+        let index = self.lane_index(lane);
+        if index != 0 {
+            lanes::publish(index, lane, class);
         }
     }
 
+    /// Frees a block of `class` into `lane`.
+    ///
+    /// # Safety
+    /// Owning thread; `lane` is one of this cache's lanes; `ptr` is a live small block of
+    /// `class`.
+    #[inline(always)]
+    unsafe fn free(&self, lane: &Lane, ptr: *mut u8, class: usize) {
+        // SAFETY: `ptr` is a live small block of `class` (caller's contract); owning thread.
+        unsafe {
+            if lane.bin_full(class) {
+                check_free(ptr, class);
+                return self.free_slow(lane, ptr, class);
+            }
+            lane.push(lane.bin(class), ptr, class);
+        }
+    }
+
+    /// A free into a full bin (or into a cache that is new or dead): gives back part of the
+    /// bin, then takes the block.
     #[cold]
     #[inline(never)]
-    unsafe fn free_slow(&self, ptr: *mut u8, class: usize) {
+    unsafe fn free_slow(&self, lane: &Lane, ptr: *mut u8, class: usize) {
         let slot: *mut FreeSlot = ptr.cast();
         if self.state.get() == STATE_NEW {
             self.register();
@@ -475,8 +328,8 @@ impl ThreadCache {
         }
         // SAFETY: owning thread, valid class; the slots handed back are free.
         unsafe {
-            let count = self.count(class);
-            let (bin, sizing) = (self.bin(class), self.sizing(class));
+            let count = lane.count(class);
+            let (bin, sizing) = (lane.bin(class), lane.sizing(class));
             if count >= sizing.limit {
                 // Give back the most recent frees: they are at the front of the list and
                 // warm in this core's cache, so walking them is cheap. Blocks behind them (a
@@ -494,45 +347,32 @@ impl ThreadCache {
                 }
                 bin.head = (*last).next;
                 (*last).next = null_mut();
-                self.set_count(class, count - give);
+                lane.set_count(class, count - give);
                 HEAP.small_heap()
                     .return_slots(class, first, give as usize, HEAP.stamp());
                 HEAP.after_slow_path();
             }
-            let bin = self.bin(class);
+            let bin = lane.bin(class);
             (*slot).next = bin.head;
             bin.head = slot;
-            self.owner_free(class);
+            lane.owner_free(class);
         }
+        self.after_lane_slow_path(lane, class);
     }
 
-    /// Gives every cached block back to the heap.
+    /// Gives every cached block, in every lane, back to the heap.
     ///
     /// # Safety
     /// Only the owning thread (or a forked child adopting the cache) may call this.
     unsafe fn flush_all(&self) {
-        for class in 0..CLASS_COUNT {
-            // SAFETY: forwarded; the cached slots are free blocks of this class.
-            unsafe {
-                let bin = self.bin(class);
-                let mut len = 0;
-                let mut slot = bin.head;
-                while !slot.is_null() {
-                    len += 1;
-                    slot = (*slot).next;
-                }
-                if len > 0 {
-                    HEAP.small_heap()
-                        .return_slots(class, bin.head, len, HEAP.stamp());
-                }
-                bin.head = null_mut();
-                self.set_count(class, 0);
-            }
+        for lane in &self.lanes {
+            // SAFETY: forwarded from the caller.
+            unsafe { lane.flush() };
         }
     }
 
-    /// Registers the cache: thread-exit hook, registry entry, bin limits. On failure the
-    /// cache is marked dead and the thread runs without one.
+    /// Registers the cache: thread-exit hook, registry entry, bin limits, lane gates. On
+    /// failure the cache is marked dead and the thread runs without one.
     #[cold]
     fn register(&self) {
         apply_environment_once();
@@ -547,9 +387,11 @@ impl ThreadCache {
             self.state.set(STATE_DEAD);
             return;
         }
-        for class in 0..CLASS_COUNT {
-            // SAFETY: owning thread.
-            unsafe { self.set_limit(class, freeing_limit(class) as i32) };
+        for lane in &self.lanes {
+            for class in 0..CLASS_COUNT {
+                // SAFETY: owning thread.
+                unsafe { lane.set_limit(class, freeing_limit(class) as i32) };
+            }
         }
         let mut list = THREADS.lock();
         self.prev.store(null_mut(), Relaxed);
@@ -563,17 +405,22 @@ impl ThreadCache {
         // Read under the registry lock: a change of the word made before this is seen here,
         // one made after it is propagated to this cache by `system_records_changed`.
         let hooks = records::global::thread_hooks();
-        self.hooks.store(hooks, Relaxed);
-        for slot in &self.slots {
+        self.system().hooks.store(hooks, Relaxed);
+        for slot in &self.system().slots {
             slot.open_until
                 .store(Self::initial_open_until(hooks), Relaxed);
+        }
+        // The child lanes' gates, likewise: changes are propagated under this lock.
+        for (index, lane) in self.lanes.iter().enumerate().skip(1) {
+            set_lane_gate(lane, lanes::is_open(index));
         }
         self.state.set(STATE_ACTIVE);
         drop(list);
         super::thread_pointer::learn(me.addr());
     }
 
-    /// Flushes the cache, hands its counts to the orphan counters and leaves the registry.
+    /// Flushes the cache, hands its counts to the orphan counters (and each child lane's to
+    /// its owners' shared counters) and leaves the registry.
     ///
     /// # Safety
     /// The owning thread is exiting (or gone, in a forked child); `list` is the locked
@@ -582,18 +429,15 @@ impl ThreadCache {
         // SAFETY: forwarded from the caller.
         unsafe { self.flush_all() };
         self.state.set(STATE_DEAD);
-        self.hooks.store(HOOKS_UNREGISTERED, Relaxed);
-        for slot in &self.slots {
-            slot.open_until.store(CLOSED, Relaxed);
+        for (index, lane) in self.lanes.iter().enumerate().skip(1) {
+            lanes::absorb(index, lane);
         }
         self.move_counts_to_orphans();
-        for class in 0..CLASS_COUNT {
-            // SAFETY: as above. The counts are zero now and the bins empty: limit 0 and a
-            // full bin, so every later free takes the slow path.
-            unsafe {
-                self.sizing(class).limit = 0;
-                self.bin(class).full_at = 0;
-            }
+        for lane in &self.lanes {
+            lane.reset_counts();
+            lane.hooks.store(HOOKS_UNREGISTERED, Relaxed);
+            // SAFETY: as above. The counts are zero now and the bins empty.
+            unsafe { lane.shut() };
         }
         self.shards.retire();
         let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
@@ -609,6 +453,17 @@ impl ThreadCache {
             }
         }
         list.count -= 1;
+    }
+}
+
+/// Opens or closes a child lane's fast paths: the hooks byte for frees, every class's mark
+/// for allocations. Called under the registry lock (or on the owner's registration, under
+/// it too), so no two threads change gates at once.
+fn set_lane_gate(lane: &Lane, open: bool) {
+    lane.hooks.store(if open { 0 } else { HOOK_FREE }, Relaxed);
+    let until = if open { OPEN } else { CLOSED };
+    for slot in &lane.slots {
+        slot.open_until.store(until, Relaxed);
     }
 }
 
@@ -637,7 +492,7 @@ static ORPHANS: Counters = Counters::new();
 #[inline(always)]
 pub(crate) fn allocate(class: usize) -> *mut u8 {
     // SAFETY: the cache is this thread's own; `class` comes from `class_for`.
-    CACHE.with(|tc| unsafe { tc.allocate(class) })
+    CACHE.with(|tc| unsafe { tc.allocate(tc.system(), class) })
 }
 
 /// Frees a small block of `class`.
@@ -647,7 +502,7 @@ pub(crate) fn allocate(class: usize) -> *mut u8 {
 #[inline(always)]
 pub(crate) unsafe fn free(ptr: *mut u8, class: usize) {
     // SAFETY: forwarded from the caller; the cache is this thread's own.
-    CACHE.with(|tc| unsafe { tc.free(ptr, class) })
+    CACHE.with(|tc| unsafe { tc.free(tc.system(), ptr, class) })
 }
 
 /// The calling thread's cache as a fast path found it through the thread pointer; null
@@ -656,7 +511,7 @@ pub(crate) type CacheRef = *const ThreadCache;
 
 /// The small-allocation fast path of `SystemAllocator::alloc`: pops a block of `class`.
 /// Everything else — an empty bin, the class's allocation count at its
-/// [`open_until`](ClassSlot::open_until) mark (records want a look: a sampled allocation, or
+/// [`open_until`](lane::ClassSlot::open_until) mark (records want a look: a sampled allocation, or
 /// records of every allocation), or a cache only reachable through `thread_local!` — goes to
 /// `miss(size, align, class, cache)`, a single way out that keeps the caller's own
 /// arguments in their own registers (so the fast path needs no stack frame and no moves)
@@ -672,7 +527,7 @@ pub(crate) fn allocate_gated(
             let tc = addr as CacheRef;
             // SAFETY: `tc` is this thread's cache (see `thread_pointer`), which lives as
             // long as the thread; `class` comes from the class table.
-            let p = unsafe { (*tc).allocate_open(class) };
+            let p = unsafe { (*tc).system().allocate_open(class) };
             if !p.is_null() {
                 return p;
             }
@@ -713,17 +568,17 @@ pub(crate) unsafe fn charge_due(tc: CacheRef, class: usize) -> SampleCharge {
 #[inline(always)]
 pub(crate) unsafe fn allocate_in(tc: CacheRef, class: usize) -> *mut u8 {
     // SAFETY: forwarded from the caller.
-    unsafe { (*tc).allocate(class) }
+    unsafe { (*tc).allocate((*tc).system(), class) }
 }
 
-/// The records hooks of a cache a fast path found (see [`ThreadCache::hooks`]).
+/// The records hooks of a cache a fast path found (see [`Lane::hooks`]).
 ///
 /// # Safety
 /// `tc` is the calling thread's cache as a fast path passed it (not null).
 #[inline(always)]
 pub(crate) unsafe fn hooks_of(tc: CacheRef) -> u8 {
     // SAFETY: forwarded from the caller.
-    unsafe { (*tc).hooks.load(Relaxed) }
+    unsafe { (*tc).system().hooks.load(Relaxed) }
 }
 
 /// Pops a block of `class` whatever the hooks say (the caller records it); null when the
@@ -735,13 +590,13 @@ pub(crate) unsafe fn hooks_of(tc: CacheRef) -> u8 {
 pub(crate) unsafe fn pop_any(tc: CacheRef, class: usize) -> *mut u8 {
     // SAFETY: forwarded from the caller.
     unsafe {
-        let tc = &*tc;
-        let bin = tc.bin(class);
+        let lane = (*tc).system();
+        let bin = lane.bin(class);
         let slot = bin.head;
         if slot.is_null() {
             return null_mut();
         }
-        tc.pop(bin, slot, class)
+        lane.pop(bin, slot, class)
     }
 }
 
@@ -754,11 +609,11 @@ pub(crate) unsafe fn pop_any(tc: CacheRef, class: usize) -> *mut u8 {
 pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
     // SAFETY: forwarded from the caller.
     unsafe {
-        let tc = &*tc;
-        if tc.bin_full(class) {
+        let lane = (*tc).system();
+        if lane.bin_full(class) {
             return false;
         }
-        tc.push(tc.bin(class), ptr, class);
+        lane.push(lane.bin(class), ptr, class);
         true
     }
 }
@@ -795,7 +650,7 @@ pub(crate) unsafe fn free_gated(
         let tc: CacheRef = match thread_pointer::cache_address() {
             Some(addr) => {
                 let tc = addr as CacheRef;
-                if (*tc).free_filtered(ptr, class) {
+                if (*tc).system().free_filtered(ptr, class) {
                     return;
                 }
                 tc
@@ -815,7 +670,7 @@ pub(crate) unsafe fn free_gated(
 #[inline(always)]
 pub(crate) unsafe fn free_filtered(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
     // SAFETY: forwarded from the caller.
-    unsafe { (*tc).free_filtered(ptr, class) }
+    unsafe { (*tc).system().free_filtered(ptr, class) }
 }
 
 /// [`free_filtered`] through `thread_local!`.
@@ -825,48 +680,136 @@ pub(crate) unsafe fn free_filtered(tc: CacheRef, ptr: *mut u8, class: usize) -> 
 #[inline(always)]
 pub(crate) unsafe fn free_filtered_tls(ptr: *mut u8, class: usize) -> bool {
     // SAFETY: forwarded from the caller; the cache is this thread's own.
-    CACHE.with(|tc| unsafe { tc.free_filtered(ptr, class) })
+    CACHE.with(|tc| unsafe { tc.system().free_filtered(ptr, class) })
+}
+
+// ---- Child lanes: the fast paths of children that own a lane (see `lanes`). ----
+
+/// Whether the fast paths can reach this thread's cache (and so a child's lane) through the
+/// thread pointer; a child asks for a lane only then.
+pub(crate) fn lanes_reachable() -> bool {
+    thread_pointer::cache_offset().is_some()
+}
+
+/// A lane's offset from the thread pointer, the same in every thread (static TLS): what a
+/// child's lane word holds, so that its fast path finds the lane with one add. `None` while
+/// the thread pointer cannot reach the caches.
+pub(crate) fn lane_thread_offset(index: usize) -> Option<usize> {
+    Some(thread_pointer::cache_offset()? + lane_offset(index))
+}
+
+/// The calling thread's lane at `lane` bytes from the thread pointer (see
+/// [`lane_thread_offset`]); `None` for 0, a child without a lane.
+///
+/// # Safety
+/// `lane` is 0 or [`lane_thread_offset`] of an index below [`LANES`].
+#[inline(always)]
+unsafe fn lane_of_thread(lane: usize) -> Option<&'static Lane> {
+    let addr = thread_pointer::address_at(lane)?;
+    // SAFETY: the offset of one of the lanes of this thread's cache (the caller's
+    // contract), which lives as long as the thread; `'static` stands for "this thread's
+    // lifetime", and the reference never leaves the call that made it.
+    Some(unsafe { &*(addr as *const Lane) })
+}
+
+/// A child's small allocation from its lane (`lane`: see [`lane_thread_offset`]): pops a
+/// block of `class` and counts `size` requested bytes. Null when the child has no lane, the
+/// bin is empty or the lane is closed: then [`lane_allocate_missed`].
+///
+/// # Safety
+/// `lane` is 0 or [`lane_thread_offset`] of an index below [`LANES`]; `class < CLASS_COUNT`.
+#[inline(always)]
+pub(crate) unsafe fn lane_allocate(lane: usize, class: usize, size: usize) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let Some(lane) = lane_of_thread(lane) else {
+            return null_mut();
+        };
+        let p = lane.allocate_open(class);
+        if !p.is_null() {
+            lane.add_requested(size);
+        }
+        p
+    }
+}
+
+/// [`lane_allocate`] missed: refills the bin if the lane is open and the cache live.
+/// `None`: no lane, or a closed one, so the child takes its general path; `Some(null)`: out
+/// of memory.
+///
+/// # Safety
+/// As for [`lane_allocate`].
+pub(crate) unsafe fn lane_allocate_missed(
+    lane: usize,
+    class: usize,
+    size: usize,
+) -> Option<*mut u8> {
+    // SAFETY: as in `lane_allocate`; the cache is this thread's, live, and the lane open,
+    // so its bins are this thread's to refill.
+    unsafe {
+        let lane = lane_of_thread(lane)?;
+        let tc = &*(thread_pointer::cache_address()? as CacheRef);
+        if tc.state.get() != STATE_ACTIVE || lane.hooks.load(Relaxed) != 0 {
+            return None;
+        }
+        let p = tc.allocate(lane, class);
+        if !p.is_null() {
+            lane.add_requested(size);
+        }
+        Some(p)
+    }
+}
+
+/// A child's small free into its lane: pushes the block if the child has a lane, the lane
+/// is open and its bin has room, uncounting `size` requested bytes; `false` otherwise (then
+/// [`lane_free_missed`]).
+///
+/// # Safety
+/// As for [`lane_allocate`]; `ptr` is a live small block of `class` allocated through the
+/// same child with a request of `size` bytes (or one between that and the granted size).
+#[inline(always)]
+pub(crate) unsafe fn lane_free(lane: usize, ptr: *mut u8, class: usize, size: usize) -> bool {
+    // SAFETY: as in `lane_allocate`; the block is forwarded from the caller.
+    unsafe {
+        let Some(lane) = lane_of_thread(lane) else {
+            return false;
+        };
+        if lane.free_filtered(ptr, class) {
+            lane.sub_requested(size);
+            return true;
+        }
+        false
+    }
+}
+
+/// [`lane_free`] missed: frees into a full bin (giving part of it back) if the lane is open
+/// and the cache live. `false`: the child takes its general path.
+///
+/// # Safety
+/// As for [`lane_free`].
+pub(crate) unsafe fn lane_free_missed(
+    lane: usize,
+    ptr: *mut u8,
+    class: usize,
+    size: usize,
+) -> bool {
+    // SAFETY: as in `lane_allocate_missed`; the block is forwarded from the caller.
+    unsafe {
+        let (Some(lane), Some(addr)) = (lane_of_thread(lane), thread_pointer::cache_address())
+        else {
+            return false;
+        };
+        let tc = &*(addr as CacheRef);
+        if tc.state.get() != STATE_ACTIVE || lane.hooks.load(Relaxed) != 0 {
+            return false;
+        }
+        tc.free(lane, ptr, class);
+        lane.sub_requested(size);
+        true
+    }
 }
 
 impl ThreadCache {
-    /// Pops a block of `class` if the bin has one and the class's allocation count is below
-    /// its [`open_until`](ClassSlot::open_until) mark; null otherwise.
-    ///
-    /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`.
-    #[inline(always)]
-    unsafe fn allocate_open(&self, class: usize) -> *mut u8 {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            let class_slot = self.slots.get_unchecked(class);
-            let bin = &mut *class_slot.bin.get();
-            let slot = bin.head;
-            let count = class_slot.allocations.load(Relaxed);
-            if slot.is_null() || count >= class_slot.open_until.load(Relaxed) {
-                return null_mut();
-            }
-            bin.head = (*slot).next;
-            class_slot.allocations.store(count + 1, Relaxed);
-            mark_allocated(slot.cast());
-            slot.cast()
-        }
-    }
-
-    /// Takes `slot`, the head of `bin`, for the program.
-    ///
-    /// # Safety
-    /// `bin` is this cache's bin of `class` and `slot` its non-null head.
-    #[inline(always)]
-    unsafe fn pop(&self, bin: &mut Bin, slot: *mut FreeSlot, class: usize) -> *mut u8 {
-        // SAFETY: forwarded from the caller: `slot` is a free block linked in the bin.
-        unsafe {
-            bin.head = (*slot).next;
-            self.owner_alloc(class);
-            mark_allocated(slot.cast());
-        }
-        slot.cast()
-    }
-
     /// The owner's decision on an allocation of `class` that missed the fast path (see
     /// [`SampleCharge`]).
     ///
@@ -882,9 +825,9 @@ impl ThreadCache {
     /// Owning thread; `class < CLASS_COUNT`.
     #[inline(always)]
     unsafe fn charge(&self, class: usize) -> SampleCharge {
-        let hooks = self.hooks.load(Relaxed);
+        let hooks = self.system().hooks.load(Relaxed);
         // SAFETY: forwarded from the caller.
-        let slot = unsafe { self.slots.get_unchecked(class) };
+        let slot = unsafe { self.system().slots.get_unchecked(class) };
         let until = slot.open_until.load(Relaxed);
         if hooks & (HOOK_ALLOC | HOOK_SAMPLE) == 0 {
             if until != OPEN {
@@ -908,11 +851,11 @@ impl ThreadCache {
     #[cold]
     #[inline(never)]
     fn charge_due(&self, class: usize) -> SampleCharge {
-        let hooks = self.hooks.load(Relaxed);
+        let hooks = self.system().hooks.load(Relaxed);
         if hooks & (HOOK_ALLOC | HOOK_SAMPLE) != HOOK_SAMPLE {
             return SampleCharge::General;
         }
-        let slot = &self.slots[class];
+        let slot = &self.system().slots[class];
         let (count, until) = (
             slot.allocations.load(Relaxed),
             slot.open_until.load(Relaxed),
@@ -962,71 +905,28 @@ impl ThreadCache {
         charge
     }
 
-    /// Sets the class's [`open_until`](ClassSlot::open_until) mark as the owner, the records
+    /// Sets the class's [`open_until`](lane::ClassSlot::open_until) mark as the owner, the records
     /// settings being `hooks`. If another thread changed the settings meanwhile, the mark
     /// ends closed: it stores the hooks, fences, then closes every mark; the owner stores
     /// the mark, fences, then reads the hooks. Sequentially consistent fences order the
     /// two: either the owner sees the new hooks (and closes the mark itself) or its store
     /// comes first in the mark's modification order (and the other thread's close wins).
     fn set_open_until(&self, class: usize, until: u64, hooks: u8) {
-        let slot = &self.slots[class];
+        let slot = &self.system().slots[class];
         slot.open_until.store(until, Relaxed);
         fence(SeqCst);
-        if self.hooks.load(Relaxed) != hooks {
+        if self.system().hooks.load(Relaxed) != hooks {
             slot.open_until.store(CLOSED, Relaxed);
         }
     }
 
-    /// The [`open_until`](ClassSlot::open_until) mark every class starts from when the
+    /// The [`open_until`](lane::ClassSlot::open_until) mark every class starts from when the
     /// records settings are `hooks`.
     fn initial_open_until(hooks: u8) -> u64 {
         if hooks & (HOOK_ALLOC | HOOK_SAMPLE) == 0 {
             OPEN
         } else {
             CLOSED
-        }
-    }
-
-    /// Pushes a block of `class` if the bin has room and no record may hold the block:
-    /// records are off, or only sample and the sample filter rules the block out.
-    ///
-    /// # Safety
-    /// Owning thread; `ptr` is a live small block of `class`.
-    #[inline(always)]
-    unsafe fn free_filtered(&self, ptr: *mut u8, class: usize) -> bool {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            let bin = self.bin(class);
-            let hooks = self.hooks.load(Relaxed);
-            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0 {
-                // Out of the straight line: records off is the case to keep short.
-                cold_path();
-                if hooks & HOOK_FREE != 0 || records::global::maybe_sampled(ptr) {
-                    return false;
-                }
-            }
-            if self.bin_full(class) {
-                return false;
-            }
-            self.push(bin, ptr, class);
-            true
-        }
-    }
-
-    /// Puts the block at `ptr` at the head of `bin`.
-    ///
-    /// # Safety
-    /// `bin` is this cache's bin of `class`, with room; `ptr` is a live small block of
-    /// `class`, which becomes free.
-    #[inline(always)]
-    unsafe fn push(&self, bin: &mut Bin, ptr: *mut u8, class: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            check_free(ptr, class);
-            let slot: *mut FreeSlot = ptr.cast();
-            (*slot).next = bin.head;
-            bin.head = slot;
-            self.owner_free(class);
         }
     }
 }
@@ -1047,7 +947,7 @@ pub(crate) enum SampleCharge {
 }
 
 /// Tells every registered cache that the `SystemAllocator`'s record settings changed: each
-/// one's [`hooks`](ThreadCache::hooks) mirror is rewritten from the word. Called after the
+/// one's [`hooks`](Lane::hooks) mirror is rewritten from the word. Called after the
 /// word changed; under the registry lock, so no cache registers in between.
 pub(crate) fn system_records_changed() {
     let list = THREADS.lock();
@@ -1056,7 +956,7 @@ pub(crate) fn system_records_changed() {
     while !tc.is_null() {
         // SAFETY: registered caches are valid while the registry lock is held.
         unsafe {
-            (*tc).hooks.store(hooks, Relaxed);
+            (*tc).system().hooks.store(hooks, Relaxed);
             tc = (*tc).next.load(Relaxed);
         }
     }
@@ -1067,12 +967,16 @@ pub(crate) fn system_records_changed() {
     while !tc.is_null() {
         // SAFETY: as above.
         unsafe {
-            for slot in &(*tc).slots {
+            for slot in &(*tc).system().slots {
                 slot.open_until.store(CLOSED, Relaxed);
             }
             tc = (*tc).next.load(Relaxed);
         }
     }
+    drop(list);
+    // Records on the `SystemAllocator` see every block, the children's too: their lanes
+    // close while it has any.
+    lanes::refresh();
 }
 
 /// Live small blocks per class and call totals over all threads. Exact when no thread is
@@ -1145,6 +1049,42 @@ impl LockedThreads {
             // SAFETY: registered caches are valid while the registry lock is held.
             unsafe {
                 f(&(*tc).shards);
+                tc = (*tc).next.load(Relaxed);
+            }
+        }
+    }
+}
+
+impl LockedThreads {
+    /// Calls `f` with each lane in `mask` (bit `i`: lane `i`) of every registered thread.
+    pub(crate) fn for_each_lane(&self, mask: u32, mut f: impl FnMut(usize, &Lane)) {
+        if mask == 0 {
+            return;
+        }
+        let mut tc = self.0.head;
+        while !tc.is_null() {
+            // SAFETY: registered caches are valid while the registry lock is held.
+            unsafe {
+                for (index, lane) in (*tc).lanes.iter().enumerate() {
+                    if mask & (1 << index) != 0 {
+                        f(index, lane);
+                    }
+                }
+                tc = (*tc).next.load(Relaxed);
+            }
+        }
+    }
+
+    /// Writes the child lanes' gates, as `lanes` last computed them, into every registered
+    /// thread's cache.
+    pub(crate) fn apply_lane_gates(&self) {
+        let mut tc = self.0.head;
+        while !tc.is_null() {
+            // SAFETY: registered caches are valid while the registry lock is held.
+            unsafe {
+                for (index, lane) in (*tc).lanes.iter().enumerate().skip(1) {
+                    set_lane_gate(lane, lanes::is_open(index));
+                }
                 tc = (*tc).next.load(Relaxed);
             }
         }

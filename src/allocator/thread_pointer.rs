@@ -80,6 +80,21 @@ mod imp {
         CACHE_OFFSET.address()
     }
 
+    /// The thread cache's offset from the thread pointer, once known (the same in every
+    /// thread).
+    pub(crate) fn cache_offset() -> Option<usize> {
+        let offset = CACHE_OFFSET.0.load(Relaxed);
+        (offset != 0).then_some(offset)
+    }
+
+    /// The calling thread's copy of a thread-cache field whose offset from the thread
+    /// pointer is `offset` (a child's lane: [`cache_offset`] plus the lane's offset in the
+    /// cache); `None` for 0, "no such field".
+    #[inline(always)]
+    pub(crate) fn address_at(offset: usize) -> Option<usize> {
+        (offset != 0).then(|| thread_pointer().wrapping_add(offset))
+    }
+
     /// Called by each thread's cache as it registers, with its own address: learns the
     /// offset the first time (if tagalloc is in the main executable) and checks it after.
     pub(crate) fn learn(cache: usize) {
@@ -151,6 +166,17 @@ mod imp {
         None
     }
 
+    /// Unknown on this platform, as [`cache_address`].
+    pub(crate) fn cache_offset() -> Option<usize> {
+        None
+    }
+
+    /// Never known on this platform (no offset is ever learnt).
+    #[inline(always)]
+    pub(crate) fn address_at(_offset: usize) -> Option<usize> {
+        None
+    }
+
     /// Nothing to learn on this platform.
     pub(crate) fn learn(_cache: usize) {}
 
@@ -164,7 +190,9 @@ mod imp {
     pub(crate) fn learn_records(_state: usize) {}
 }
 
-pub(crate) use imp::{cache_address, learn, learn_records, records_address};
+pub(crate) use imp::{
+    address_at, cache_address, cache_offset, learn, learn_records, records_address,
+};
 
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(miri)))]
 mod tests {

@@ -1,0 +1,197 @@
+//! Lanes: child allocators of the `SystemAllocator` served straight from the thread caches.
+//!
+//! A child counts every block it hands out. Counting through its own counters costs about as
+//! much as the parent's whole alloc+free pair (see `benches/child.rs`), so the first
+//! [`CHILD_LANES`] children of the `SystemAllocator` (or of its children) that allocate get
+//! a *lane* of their own in every thread cache: a bin per size class with the class's
+//! counts, the same as the `SystemAllocator`'s lane 0. A small request to such a child is
+//! then the `SystemAllocator`'s pop or push in another lane, plus one add of the requested
+//! size; its live blocks and granted bytes are the lane's per-class counts, summed over
+//! threads when a snapshot is taken, exactly as the `SystemAllocator`'s own are. Blocks
+//! still come from and go back to the one heap.
+//!
+//! A lane is *open* only while nothing needs to see the child's calls one by one: no budget
+//! on the child or on a child above it, no records (now or earlier) on any of them, and none
+//! on the `SystemAllocator`. Otherwise it is closed (every class's mark closed, the hooks
+//! byte set) and each call takes the child's general path, with its shards, budget checks
+//! and records, as children without a lane always do. The gates are recomputed, and written
+//! into every thread's cache under the thread registry's lock, whenever a budget or a
+//! records setting changes ([`refresh`]).
+//!
+//! **Figures.** A child's snapshot adds, for its own lane and the lanes of every child below
+//! it, each live thread's per-class counts and requested bytes. Each lane also *publishes*
+//! its granted bytes into the shared live figure of its owner and every child above it, per
+//! class, on its slow paths (a refill, a full bin): the peak follows from that, within what
+//! a thread's bins move between two slow paths (at most a refill or a bin's limit of each
+//! class, 16-64 KiB). When a child gets a budget, its first counted call publishes every
+//! thread's lanes below it (as it does its shards), so the budget starts from the exact live
+//! figure; a thread exiting publishes and hands its counts to the owners' shared counters.
+
+use crate::records;
+use crate::registry::{Registration, SYSTEM};
+use crate::schema::hpha::size_class::CLASS_COUNT;
+use crate::thread_cache::{self, CHILD_LANES, LANES, Lane};
+use core::ptr::{self, null_mut};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+
+/// The child that owns each lane (lane 0 is the `SystemAllocator`'s).
+static OWNERS: [AtomicPtr<Registration>; LANES] = [const { AtomicPtr::new(null_mut()) }; LANES];
+/// The next lane to hand out (past [`CHILD_LANES`]: none left). Changed under the thread
+/// registry's lock.
+static NEXT: AtomicUsize = AtomicUsize::new(1);
+/// Whether each lane is open, as last computed by [`refresh`] (under the registry lock).
+/// A cache that registers copies it.
+static OPEN: [AtomicBool; LANES] = [const { AtomicBool::new(false) }; LANES];
+
+/// The owner of lane `index`, if handed out.
+fn owner(index: usize) -> Option<&'static Registration> {
+    // SAFETY: only `&'static Registration`s are stored.
+    unsafe { OWNERS[index].load(Acquire).as_ref() }
+}
+
+/// `owner` and every child above it, up to (not including) the `SystemAllocator`: the
+/// allocators whose figures include the lane's blocks.
+fn chain(owner: &'static Registration) -> impl Iterator<Item = &'static Registration> {
+    core::iter::successors(Some(owner), |r| r.parent()).take_while(|r| !ptr::eq(*r, &SYSTEM))
+}
+
+/// Whether lane `index` is open (last computed by [`refresh`]).
+pub(crate) fn is_open(index: usize) -> bool {
+    OPEN[index].load(Relaxed)
+}
+
+/// Gives `registration` (a child whose chain of parents ends at the `SystemAllocator`) a
+/// lane, if one is left and it has none; then opens it where it may be. Once per child: a
+/// child that found none left keeps counting in shards.
+#[cold]
+#[inline(never)]
+pub(crate) fn claim(registration: &'static Registration) {
+    let counters = registration.counters();
+    if !counters.lane_unclaimed() {
+        return;
+    }
+    // Counts in a lane belong to a registered allocator (its parents are registered first).
+    registration.register();
+    {
+        let _threads = thread_cache::lock_threads();
+        if !counters.lane_unclaimed() {
+            return;
+        }
+        let index = NEXT.load(Relaxed);
+        let Some(lane) = thread_cache::lane_thread_offset(index).filter(|_| index <= CHILD_LANES)
+        else {
+            counters.set_lane(None);
+            return;
+        };
+        NEXT.store(index + 1, Relaxed);
+        OWNERS[index].store(ptr::from_ref(registration).cast_mut(), Release);
+        // Every allocator that sums the lane knows of it before any block is counted there
+        // (the lane opens only below, in `refresh`).
+        for r in chain(registration) {
+            r.counters().add_lane_below(index);
+        }
+        counters.set_lane(Some(lane));
+    }
+    refresh();
+}
+
+/// Recomputes which lanes are open and writes the gates into every thread's cache. Called
+/// after a budget or a records setting changed, and when a lane is handed out.
+pub(crate) fn refresh() {
+    let threads = thread_cache::lock_threads();
+    let system_quiet = records::global::thread_hooks() == 0;
+    for (index, open) in OPEN.iter().enumerate().take(CHILD_LANES + 1).skip(1) {
+        let gate = owner(index).is_some_and(|owner| {
+            system_quiet && chain(owner).all(|r| !r.budget().is_set() && r.records().word() == 0)
+        });
+        open.store(gate, Relaxed);
+    }
+    threads.apply_lane_gates();
+}
+
+/// Publishes the granted bytes of `class` that `lane` (lane `index` of some thread's cache)
+/// has not published yet into the shared live figures of the lane's owner and the children
+/// above it (their peaks follow). Any thread may call this.
+pub(crate) fn publish(index: usize, lane: &Lane, class: usize) {
+    let bytes = lane.take_unpublished(class);
+    if bytes == 0 {
+        return;
+    }
+    if let Some(owner) = owner(index) {
+        for r in chain(owner) {
+            r.counters().publish_granted(bytes);
+        }
+    }
+}
+
+/// Publishes every class of lane `index` of every live thread's cache (a budget needs the
+/// exact live figure). Called with the thread registry locked.
+pub(crate) fn publish_all(threads: &thread_cache::LockedThreads, mask: u32) {
+    threads.for_each_lane(mask, |index, lane| {
+        for class in 0..CLASS_COUNT {
+            publish(index, lane, class);
+        }
+    });
+}
+
+/// Hands the counts of an exiting thread's lane `index` to the shared counters of its owner
+/// and the children above it: granted bytes published, calls and requested bytes absorbed.
+/// The caller zeroes the lane's counts afterwards (under the thread registry's lock).
+pub(crate) fn absorb(index: usize, lane: &Lane) {
+    let Some(owner) = owner(index) else {
+        return;
+    };
+    for class in 0..CLASS_COUNT {
+        publish(index, lane, class);
+    }
+    let (allocations, frees) = lane.calls();
+    let requested = lane.requested();
+    for r in chain(owner) {
+        r.counters().absorb_lane(allocations, frees, requested);
+    }
+}
+
+// Lane masks (`Counters::lanes_below`) are 32 bits.
+const _: () = assert!(LANES <= 32);
+
+/// What a snapshot adds up over the lanes of one allocator's subtree.
+#[derive(Default)]
+pub(crate) struct LaneSum {
+    /// Granted bytes not yet published into the shared live figures (wrapping).
+    pub unpublished: usize,
+    /// Requested bytes (wrapping).
+    pub requested: usize,
+    pub allocations: u64,
+    pub frees: u64,
+}
+
+/// Adds up the lanes in `mask` (bit `i`: lane `i`) of every live thread's cache. Called
+/// with the thread registry locked.
+pub(crate) fn sum(threads: &thread_cache::LockedThreads, mask: u32) -> LaneSum {
+    let mut total = LaneSum::default();
+    threads.for_each_lane(mask, |_, lane| {
+        // `published` is read before the counts (see `Lane::unpublished_bytes`), and the
+        // shared live figure before both (by the caller): a publication running meanwhile is
+        // then missed, never counted twice.
+        total.unpublished = total.unpublished.wrapping_add(lane.unpublished_bytes());
+        total.requested = total.requested.wrapping_add(lane.requested());
+        let (allocations, frees) = lane.calls();
+        total.allocations = total.allocations.wrapping_add(allocations);
+        total.frees = total.frees.wrapping_add(frees);
+    });
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::thread_cache::lane_offset;
+
+    #[test]
+    fn lane_offsets_stay_inside_the_cache() {
+        let last = lane_offset(LANES - 1) + size_of::<Lane>();
+        assert!(last <= size_of::<thread_cache::ThreadCache>());
+        assert_eq!(lane_offset(1) - lane_offset(0), size_of::<Lane>());
+    }
+}

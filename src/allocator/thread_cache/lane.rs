@@ -1,0 +1,460 @@
+//! One lane of a thread cache: a bin per size class and the class's counts.
+//!
+//! Lane 0 is the `SystemAllocator`'s own. The others belong to child allocators of the
+//! `SystemAllocator` (see `crate::allocator::lanes`): a child whose lane is open takes and
+//! gives back blocks exactly as the `SystemAllocator` does, only in its own lane, so its
+//! counts fall out of the lane's per-class counters instead of being kept by a second set
+//! of counters on every call. Every lane draws from and returns to the same heap: a bin
+//! holds free blocks of its class, whatever lane they were last allocated from.
+
+use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, cold_path};
+use crate::records;
+use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
+use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
+use core::cell::UnsafeCell;
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+
+/// Bytes a bin may hold before it gives half back, bounded in blocks below.
+const BIN_BYTES: usize = 16 * 1024;
+const MIN_BIN_BLOCKS: usize = 4;
+const MAX_BIN_BLOCKS: usize = 128;
+
+/// How many blocks of `class` a cache may hold.
+pub(super) const fn bin_limit(class: usize) -> u32 {
+    let n = BIN_BYTES / class_size(class);
+    let n = if n < MIN_BIN_BLOCKS {
+        MIN_BIN_BLOCKS
+    } else {
+        n
+    };
+    (if n > MAX_BIN_BLOCKS {
+        MAX_BIN_BLOCKS
+    } else {
+        n
+    }) as u32
+}
+
+/// How many blocks of `class` a cache holds before its thread first allocates the class:
+/// a quarter of the limit. A thread that only frees a class (it collects what others
+/// allocated) then keeps little of it from the threads that could reuse it.
+pub(super) const fn freeing_limit(class: usize) -> u32 {
+    let n = bin_limit(class) / 4;
+    if n < MIN_BIN_BLOCKS as u32 {
+        MIN_BIN_BLOCKS as u32
+    } else {
+        n
+    }
+}
+
+/// Blocks taken by the first refill of a bin.
+pub(super) const FIRST_REFILL: u32 = 4;
+
+/// [`ClassSlot::open_until`] with records off.
+pub(super) const OPEN: u64 = u64::MAX;
+/// [`ClassSlot::open_until`] when the next allocation must take the miss path and look at
+/// the hooks; while sampling, also "no countdown drawn for this class yet".
+pub(super) const CLOSED: u64 = 0;
+
+/// One size class's cached blocks.
+#[derive(Clone, Copy)]
+pub(super) struct Bin {
+    pub(super) head: *mut FreeSlot,
+    /// Where the class's net frees (`frees - allocations`, the counters the statistics
+    /// read) reach a full bin: the bin's count is that net minus `full_at - limit`. The
+    /// count is frees into the bin minus blocks taken from it since the last refill: a
+    /// refill may hand over a page's whole free list, which is not counted (so a thread
+    /// that mostly allocates never walks those cold blocks), and taking them may drive it
+    /// below zero. It never exceeds the list's length, and is reset to 0 at each refill
+    /// (the list is empty then), so the bin holds at most `limit` plus one refill. Kept
+    /// this way, the fast paths update only the statistics' counters, never a second one.
+    pub(super) full_at: i64,
+}
+
+/// How big one size class's bin may grow; only the slow paths read it, so it lives apart
+/// from the [`Bin`] (which keeps a class's fast-path slot at 40 bytes).
+pub(super) struct BinSizing {
+    /// Blocks to take at the next refill: starts small so a short-lived thread that uses a
+    /// class once does not take (and later give back) a whole batch, and doubles with use
+    /// up to half the limit.
+    pub(super) refill: u32,
+    /// 0 until the cache is registered and again once it is dead, so that the first free
+    /// of a new cache, and every free of a dead one, takes the slow path.
+    pub(super) limit: i32,
+}
+
+/// One size class of a lane: its bin (owner-only) and its counts (owner writes, anyone
+/// reads), side by side so the fast path touches one cache line.
+pub(super) struct ClassSlot {
+    bin: UnsafeCell<Bin>,
+    pub(super) allocations: AtomicU64,
+    pub(super) frees: AtomicU64,
+    /// The fast path serves an allocation only while `allocations` is below this: [`OPEN`]
+    /// with records off, [`CLOSED`] when every allocation must step aside (records of every
+    /// allocation, a cache not registered, a settings change not yet seen by the owner, a
+    /// child lane that is closed), and while sampling the count at which the class's next
+    /// sampled allocation falls. In lane 0 the owner writes it on its miss path and a thread
+    /// changing the records settings closes it; in a child lane only the thread changing the
+    /// lane's gate writes it (see `crate::allocator::lanes`).
+    pub(super) open_until: AtomicU64,
+}
+
+/// A thread cache's bins and counts for one allocator: lane 0 for the `SystemAllocator`,
+/// the others for children that own them.
+pub(crate) struct Lane {
+    /// In lane 0, what the `SystemAllocator`'s records ask of this thread's fast paths
+    /// (`HOOK_*` in the parent module): a mirror of its settings word, written under the
+    /// registry lock by whoever changes the word and read by the owner with one load from
+    /// its own TLS (no static to reach, no shared line). 0: records off, nothing to do.
+    /// In a child lane, 0 while the lane is open and `HOOK_FREE` while it is closed (frees
+    /// then leave the fast path too).
+    pub(super) hooks: AtomicU8,
+    /// Child lanes: the requested bytes of blocks allocated minus those freed through this
+    /// lane on this thread (owner-written, wrapping).
+    pub(super) requested: AtomicUsize,
+    pub(super) slots: [ClassSlot; CLASS_COUNT],
+    /// Owner only.
+    sizing: [UnsafeCell<BinSizing>; CLASS_COUNT],
+    /// Child lanes: per class, the net allocations (allocations minus frees, low 32 bits)
+    /// whose granted bytes are already in the owners' shared live figures. Advanced by
+    /// compare-and-swap, by the owner on its slow paths or by another thread that needs
+    /// the exact figure (see `crate::allocator::lanes`).
+    pub(super) published: [AtomicU32; CLASS_COUNT],
+}
+
+impl Lane {
+    pub(super) const fn new(hooks: u8) -> Self {
+        Self {
+            hooks: AtomicU8::new(hooks),
+            requested: AtomicUsize::new(0),
+            slots: [const {
+                ClassSlot {
+                    bin: UnsafeCell::new(Bin {
+                        head: null_mut(),
+                        full_at: 0,
+                    }),
+                    allocations: AtomicU64::new(0),
+                    frees: AtomicU64::new(0),
+                    open_until: AtomicU64::new(CLOSED),
+                }
+            }; CLASS_COUNT],
+            sizing: [const {
+                UnsafeCell::new(BinSizing {
+                    refill: FIRST_REFILL,
+                    limit: 0,
+                })
+            }; CLASS_COUNT],
+            published: [const { AtomicU32::new(0) }; CLASS_COUNT],
+        }
+    }
+
+    /// The bin of `class`.
+    ///
+    /// # Safety
+    /// Only the owning thread (or a forked child that adopted the cache) may call this, and
+    /// not while another reference to the bin is live; `class < CLASS_COUNT`.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn bin(&self, class: usize) -> &mut Bin {
+        // SAFETY: forwarded from the caller; the `&mut` covers only the bin, never the
+        // counters other threads read.
+        unsafe { &mut *self.slots.get_unchecked(class).bin.get() }
+    }
+
+    /// The sizing of the bin of `class`.
+    ///
+    /// # Safety
+    /// As for [`bin`](Self::bin).
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn sizing(&self, class: usize) -> &mut BinSizing {
+        // SAFETY: forwarded from the caller.
+        unsafe { &mut *self.sizing.get_unchecked(class).get() }
+    }
+
+    /// Counts an allocation; only the owning thread writes, so a load and a store suffice.
+    ///
+    /// # Safety
+    /// `class < CLASS_COUNT`.
+    #[inline(always)]
+    pub(super) unsafe fn owner_alloc(&self, class: usize) {
+        // SAFETY: forwarded from the caller.
+        let n = unsafe { &self.slots.get_unchecked(class).allocations };
+        n.store(n.load(Relaxed) + 1, Relaxed);
+    }
+
+    /// Counts a free, as [`owner_alloc`](Self::owner_alloc).
+    ///
+    /// # Safety
+    /// `class < CLASS_COUNT`.
+    #[inline(always)]
+    pub(super) unsafe fn owner_free(&self, class: usize) {
+        // SAFETY: forwarded from the caller.
+        let n = unsafe { &self.slots.get_unchecked(class).frees };
+        n.store(n.load(Relaxed) + 1, Relaxed);
+    }
+
+    /// The class's net frees on this thread (frees minus allocations, wrapping).
+    #[inline(always)]
+    pub(super) fn net_frees(&self, class: usize) -> i64 {
+        // SAFETY: callers pass `class < CLASS_COUNT`.
+        let slot = unsafe { self.slots.get_unchecked(class) };
+        slot.frees
+            .load(Relaxed)
+            .wrapping_sub(slot.allocations.load(Relaxed)) as i64
+    }
+
+    /// Whether the bin of `class` holds its limit (see [`Bin::full_at`]).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    #[inline(always)]
+    pub(super) unsafe fn bin_full(&self, class: usize) -> bool {
+        // SAFETY: forwarded from the caller.
+        self.net_frees(class) >= unsafe { self.bin(class) }.full_at
+    }
+
+    /// The bin's count (see [`Bin::full_at`]).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    pub(super) unsafe fn count(&self, class: usize) -> i32 {
+        // SAFETY: forwarded from the caller.
+        let (bin, limit) = unsafe { (self.bin(class), self.sizing(class).limit) };
+        (self.net_frees(class) - (bin.full_at - i64::from(limit))) as i32
+    }
+
+    /// Sets the bin's count (its limit stays).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    pub(super) unsafe fn set_count(&self, class: usize, count: i32) {
+        let net = self.net_frees(class);
+        // SAFETY: forwarded from the caller.
+        let (bin, limit) = unsafe { (self.bin(class), self.sizing(class).limit) };
+        bin.full_at = net - i64::from(count) + i64::from(limit);
+    }
+
+    /// Sets the bin's limit, its count staying.
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    pub(super) unsafe fn set_limit(&self, class: usize, limit: i32) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let count = self.count(class);
+            self.sizing(class).limit = limit;
+            self.set_count(class, count);
+        }
+    }
+
+    /// Pops a block of `class` if the bin has one and the class's allocation count is below
+    /// its [`open_until`](ClassSlot::open_until) mark; null otherwise.
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    #[inline(always)]
+    pub(super) unsafe fn allocate_open(&self, class: usize) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let class_slot = self.slots.get_unchecked(class);
+            let bin = &mut *class_slot.bin.get();
+            let slot = bin.head;
+            let count = class_slot.allocations.load(Relaxed);
+            if slot.is_null() || count >= class_slot.open_until.load(Relaxed) {
+                return null_mut();
+            }
+            bin.head = (*slot).next;
+            class_slot.allocations.store(count + 1, Relaxed);
+            mark_allocated(slot.cast());
+            slot.cast()
+        }
+    }
+
+    /// Takes `slot`, the head of `bin`, for the program.
+    ///
+    /// # Safety
+    /// `bin` is this lane's bin of `class` and `slot` its non-null head.
+    #[inline(always)]
+    pub(super) unsafe fn pop(&self, bin: &mut Bin, slot: *mut FreeSlot, class: usize) -> *mut u8 {
+        // SAFETY: forwarded from the caller: `slot` is a free block linked in the bin.
+        unsafe {
+            bin.head = (*slot).next;
+            self.owner_alloc(class);
+            mark_allocated(slot.cast());
+        }
+        slot.cast()
+    }
+
+    /// Puts the block at `ptr` at the head of `bin`.
+    ///
+    /// # Safety
+    /// `bin` is this lane's bin of `class`, with room; `ptr` is a live small block of
+    /// `class`, which becomes free.
+    #[inline(always)]
+    pub(super) unsafe fn push(&self, bin: &mut Bin, ptr: *mut u8, class: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            check_free(ptr, class);
+            let slot: *mut FreeSlot = ptr.cast();
+            (*slot).next = bin.head;
+            bin.head = slot;
+            self.owner_free(class);
+        }
+    }
+
+    /// Pushes a block of `class` if the bin has room and the lane's hooks let it: records
+    /// are off (lane 0), or only sample and the sample filter rules the block out (lane
+    /// 0), or the lane is open (a child lane).
+    ///
+    /// # Safety
+    /// Owning thread; `ptr` is a live small block of `class`.
+    #[inline(always)]
+    pub(super) unsafe fn free_filtered(&self, ptr: *mut u8, class: usize) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let bin = self.bin(class);
+            let hooks = self.hooks.load(Relaxed);
+            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0 {
+                // Out of the straight line: records off is the case to keep short.
+                cold_path();
+                if hooks & HOOK_FREE != 0 || records::global::maybe_sampled(ptr) {
+                    return false;
+                }
+            }
+            if self.bin_full(class) {
+                return false;
+            }
+            self.push(bin, ptr, class);
+            true
+        }
+    }
+
+    /// Gives every cached block back to the heap; the bins stay usable.
+    ///
+    /// # Safety
+    /// Only the owning thread (or a forked child adopting the cache) may call this.
+    pub(super) unsafe fn flush(&self) {
+        for class in 0..CLASS_COUNT {
+            // SAFETY: forwarded; the cached slots are free blocks of this class.
+            unsafe {
+                let bin = self.bin(class);
+                let mut len = 0;
+                let mut slot = bin.head;
+                while !slot.is_null() {
+                    len += 1;
+                    slot = (*slot).next;
+                }
+                if len > 0 {
+                    HEAP.small_heap()
+                        .return_slots(class, bin.head, len, HEAP.stamp());
+                }
+                bin.head = null_mut();
+                self.set_count(class, 0);
+            }
+        }
+    }
+
+    /// Limit 0 and a full bin in every class (the bins must be empty): every later free
+    /// takes the slow path.
+    ///
+    /// # Safety
+    /// Only the owning thread (or a forked child adopting the cache) may call this, after
+    /// [`flush`](Self::flush) and with the counts at zero.
+    pub(super) unsafe fn shut(&self) {
+        for (class, slot) in self.slots.iter().enumerate() {
+            slot.open_until.store(CLOSED, Relaxed);
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                self.sizing(class).limit = 0;
+                self.bin(class).full_at = 0;
+            }
+        }
+    }
+
+    /// This lane's granted bytes on this thread not yet published, summed over the classes
+    /// (wrapping: negative when more was freed here than allocated).
+    pub(crate) fn unpublished_bytes(&self) -> usize {
+        let mut bytes = 0usize;
+        for (class, slot) in self.slots.iter().enumerate() {
+            // `published` first (Acquire): the counts read after it are at least as new as
+            // the ones it was set from, so the difference never runs backwards.
+            let published = self.published[class].load(Acquire);
+            let net = slot
+                .allocations
+                .load(Relaxed)
+                .wrapping_sub(slot.frees.load(Relaxed)) as u32;
+            let blocks = net.wrapping_sub(published) as i32 as isize;
+            bytes = bytes.wrapping_add((blocks * class_size(class) as isize) as usize);
+        }
+        bytes
+    }
+
+    /// Marks the net allocations of `class` as published; returns the granted bytes that
+    /// were not yet (wrapping). Any thread: `published` advances by compare-and-swap, so
+    /// every block's bytes are published exactly once.
+    pub(crate) fn take_unpublished(&self, class: usize) -> usize {
+        let slot = &self.slots[class];
+        let mut published = self.published[class].load(Acquire);
+        loop {
+            let net = slot
+                .allocations
+                .load(Relaxed)
+                .wrapping_sub(slot.frees.load(Relaxed)) as u32;
+            if net == published {
+                return 0;
+            }
+            match self.published[class].compare_exchange_weak(published, net, AcqRel, Acquire) {
+                Ok(_) => {
+                    let blocks = net.wrapping_sub(published) as i32 as isize;
+                    return (blocks * class_size(class) as isize) as usize;
+                }
+                Err(now) => published = now,
+            }
+        }
+    }
+
+    /// Allocations and frees counted in this lane, over every class.
+    pub(crate) fn calls(&self) -> (u64, u64) {
+        let (mut allocations, mut frees) = (0u64, 0u64);
+        // Frees before allocations, so a pair made between the reads never counts as a
+        // negative live block.
+        for slot in &self.slots {
+            frees = frees.wrapping_add(slot.frees.load(Relaxed));
+        }
+        for slot in &self.slots {
+            allocations = allocations.wrapping_add(slot.allocations.load(Relaxed));
+        }
+        (allocations, frees)
+    }
+
+    /// The lane's requested bytes on this thread (wrapping).
+    pub(crate) fn requested(&self) -> usize {
+        self.requested.load(Relaxed)
+    }
+
+    /// Counts `size` requested bytes of a block the owner just took from this lane.
+    #[inline(always)]
+    pub(super) fn add_requested(&self, size: usize) {
+        self.requested
+            .store(self.requested.load(Relaxed).wrapping_add(size), Relaxed);
+    }
+
+    /// Uncounts `size` requested bytes of a block the owner just gave back to this lane.
+    #[inline(always)]
+    pub(super) fn sub_requested(&self, size: usize) {
+        self.requested
+            .store(self.requested.load(Relaxed).wrapping_sub(size), Relaxed);
+    }
+
+    /// Zeroes the counts and publication marks (the owner is retiring, everything has
+    /// been published and absorbed elsewhere).
+    pub(super) fn reset_counts(&self) {
+        self.requested.store(0, Relaxed);
+        for (slot, published) in self.slots.iter().zip(&self.published) {
+            slot.allocations.store(0, Relaxed);
+            slot.frees.store(0, Relaxed);
+            published.store(0, Relaxed);
+        }
+    }
+}
