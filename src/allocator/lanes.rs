@@ -193,5 +193,10 @@ mod tests {
         let last = lane_offset(LANES - 1) + size_of::<Lane>();
         assert!(last <= size_of::<thread_cache::ThreadCache>());
         assert_eq!(lane_offset(1) - lane_offset(0), size_of::<Lane>());
+        eprintln!(
+            "lane {} B, thread cache {} B",
+            size_of::<Lane>(),
+            size_of::<thread_cache::ThreadCache>()
+        );
     }
 }

@@ -290,6 +290,15 @@ impl Registration {
         &self.counters
     }
 
+    /// Whether this allocator, a child of the [`SystemAllocator`], serves its small blocks
+    /// from a lane of its own in the thread caches: the first children to allocate get
+    /// one (up to a fixed number), and their small allocations and frees then cost about
+    /// what the `SystemAllocator`'s do. The lane steps aside while the child, or a child
+    /// above it, has a budget or records, or the `SystemAllocator` has records.
+    pub fn has_thread_cache_lane(&self) -> bool {
+        self.counters.lane_offset() != 0
+    }
+
     /// The byte budget settings.
     pub fn budget(&self) -> &Budget {
         &self.budget

@@ -42,7 +42,9 @@ use crate::sync::{SpinGuard, SpinLock};
 use core::alloc::Layout;
 use core::cell::Cell;
 use core::ptr::{self, null_mut};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*, fence};
+use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering::*, fence,
+};
 
 /// Marks the branch that calls it as unlikely (`core::hint::cold_path` on newer compilers):
 /// a call to an empty cold function, which inlining removes but whose weight stays.
@@ -149,6 +151,10 @@ pub(crate) const CHILD_LANES: usize = 7;
 pub(crate) struct ThreadCache {
     /// Lane 0 is the `SystemAllocator`'s; see [`Lane`] and `crate::allocator::lanes`.
     lanes: [Lane; LANES],
+    /// The lanes this thread has opened (bit `i`: lane `i`; lane 0 always): a child lane is
+    /// set up on the thread's first call through it, so a thread pays (at registration, exit,
+    /// flushes and snapshots) only for the lanes it uses. Changed under the registry lock.
+    lanes_used: AtomicU32,
     /// The owner's generator for sample countdowns (0 until seeded).
     sample_rng: Cell<u64>,
     /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`).
@@ -167,6 +173,7 @@ impl ThreadCache {
     const fn new() -> Self {
         Self {
             lanes: [const { Lane::new(HOOKS_UNREGISTERED) }; LANES],
+            lanes_used: AtomicU32::new(1),
             sample_rng: Cell::new(0),
             shards: ShardSet::new(),
             state: Cell::new(STATE_NEW),
@@ -186,20 +193,33 @@ impl ThreadCache {
         (ptr::from_ref(lane).addr() - ptr::from_ref(&self.lanes[0]).addr()) / size_of::<Lane>()
     }
 
+    /// The lanes this thread uses, with their indices (lane 0 first).
+    fn used_lanes(&self) -> impl Iterator<Item = (usize, &Lane)> {
+        let used = self.lanes_used.load(Relaxed);
+        self.lanes
+            .iter()
+            .enumerate()
+            .filter(move |(index, _)| used & (1 << index) != 0)
+    }
+
     /// Moves this cache's counts into the orphan counters and zeroes them (every lane's
     /// blocks are the `SystemAllocator`'s).
     fn move_counts_to_orphans(&self) {
-        for lane in &self.lanes {
+        for (_, lane) in self.used_lanes() {
             for (class, slot) in lane.slots.iter().enumerate() {
-                ORPHANS.allocations[class].fetch_add(slot.allocations.swap(0, Relaxed), Relaxed);
-                ORPHANS.frees[class].fetch_add(slot.frees.swap(0, Relaxed), Relaxed);
+                let allocations = slot.allocations.swap(0, Relaxed);
+                let frees = slot.frees.swap(0, Relaxed);
+                if allocations | frees != 0 {
+                    ORPHANS.allocations[class].fetch_add(allocations, Relaxed);
+                    ORPHANS.frees[class].fetch_add(frees, Relaxed);
+                }
             }
         }
     }
 
     /// Adds this cache's counts, every lane's, to `totals`.
     fn add_counts_to(&self, totals: &mut FrontTotals) {
-        for lane in &self.lanes {
+        for (_, lane) in self.used_lanes() {
             for (class, slot) in lane.slots.iter().enumerate() {
                 totals.add(
                     class,
@@ -365,7 +385,7 @@ impl ThreadCache {
     /// # Safety
     /// Only the owning thread (or a forked child adopting the cache) may call this.
     unsafe fn flush_all(&self) {
-        for lane in &self.lanes {
+        for (_, lane) in self.used_lanes() {
             // SAFETY: forwarded from the caller.
             unsafe { lane.flush() };
         }
@@ -387,11 +407,9 @@ impl ThreadCache {
             self.state.set(STATE_DEAD);
             return;
         }
-        for lane in &self.lanes {
-            for class in 0..CLASS_COUNT {
-                // SAFETY: owning thread.
-                unsafe { lane.set_limit(class, freeing_limit(class) as i32) };
-            }
+        for class in 0..CLASS_COUNT {
+            // SAFETY: owning thread.
+            unsafe { self.system().set_limit(class, freeing_limit(class) as i32) };
         }
         let mut list = THREADS.lock();
         self.prev.store(null_mut(), Relaxed);
@@ -410,10 +428,8 @@ impl ThreadCache {
             slot.open_until
                 .store(Self::initial_open_until(hooks), Relaxed);
         }
-        // The child lanes' gates, likewise: changes are propagated under this lock.
-        for (index, lane) in self.lanes.iter().enumerate().skip(1) {
-            set_lane_gate(lane, lanes::is_open(index));
-        }
+        // Child lanes stay closed until the thread's first call through each (see
+        // `open_lane`).
         self.state.set(STATE_ACTIVE);
         drop(list);
         super::thread_pointer::learn(me.addr());
@@ -429,11 +445,11 @@ impl ThreadCache {
         // SAFETY: forwarded from the caller.
         unsafe { self.flush_all() };
         self.state.set(STATE_DEAD);
-        for (index, lane) in self.lanes.iter().enumerate().skip(1) {
+        for (index, lane) in self.used_lanes().skip(1) {
             lanes::absorb(index, lane);
         }
         self.move_counts_to_orphans();
-        for lane in &self.lanes {
+        for (_, lane) in self.used_lanes() {
             lane.reset_counts();
             lane.hooks.store(HOOKS_UNREGISTERED, Relaxed);
             // SAFETY: as above. The counts are zero now and the bins empty.
@@ -453,6 +469,34 @@ impl ThreadCache {
             }
         }
         list.count -= 1;
+    }
+}
+
+impl ThreadCache {
+    /// Sets up and opens a child lane on this thread's first call through it, if the lane
+    /// is open (see `lanes::refresh`, which from then on keeps its gate here up to date);
+    /// returns whether it is open now. A lane closed for a budget or records stays so.
+    #[cold]
+    #[inline(never)]
+    fn open_lane(&self, lane: &Lane) -> bool {
+        let index = self.lane_index(lane);
+        let bit = 1 << index;
+        if self.lanes_used.load(Relaxed) & bit != 0 {
+            // Set up already: its gate is what `refresh` last wrote (closed, or open since
+            // the caller looked).
+            return lane.hooks.load(Relaxed) == 0;
+        }
+        for class in 0..CLASS_COUNT {
+            // SAFETY: owning thread; the lane is unused, so its bins are empty.
+            unsafe { lane.set_limit(class, freeing_limit(class) as i32) };
+        }
+        // Under the registry lock, as `refresh` writes gates: once the bit is set, every
+        // later change reaches this lane.
+        let _list = THREADS.lock();
+        self.lanes_used.fetch_or(bit, Relaxed);
+        let open = lanes::is_open(index);
+        set_lane_gate(lane, open);
+        open
     }
 }
 
@@ -749,7 +793,7 @@ pub(crate) unsafe fn lane_allocate_missed(
     unsafe {
         let lane = lane_of_thread(lane)?;
         let tc = &*(thread_pointer::cache_address()? as CacheRef);
-        if tc.state.get() != STATE_ACTIVE || lane.hooks.load(Relaxed) != 0 {
+        if tc.state.get() != STATE_ACTIVE || lane.hooks.load(Relaxed) != 0 && !tc.open_lane(lane) {
             return None;
         }
         let p = tc.allocate(lane, class);
@@ -800,7 +844,7 @@ pub(crate) unsafe fn lane_free_missed(
             return false;
         };
         let tc = &*(addr as CacheRef);
-        if tc.state.get() != STATE_ACTIVE || lane.hooks.load(Relaxed) != 0 {
+        if tc.state.get() != STATE_ACTIVE || lane.hooks.load(Relaxed) != 0 && !tc.open_lane(lane) {
             return false;
         }
         tc.free(lane, ptr, class);
@@ -1065,7 +1109,7 @@ impl LockedThreads {
         while !tc.is_null() {
             // SAFETY: registered caches are valid while the registry lock is held.
             unsafe {
-                for (index, lane) in (*tc).lanes.iter().enumerate() {
+                for (index, lane) in (*tc).used_lanes() {
                     if mask & (1 << index) != 0 {
                         f(index, lane);
                     }
@@ -1082,7 +1126,7 @@ impl LockedThreads {
         while !tc.is_null() {
             // SAFETY: registered caches are valid while the registry lock is held.
             unsafe {
-                for (index, lane) in (*tc).lanes.iter().enumerate().skip(1) {
+                for (index, lane) in (*tc).used_lanes().skip(1) {
                     set_lane_gate(lane, lanes::is_open(index));
                 }
                 tc = (*tc).next.load(Relaxed);
