@@ -1,0 +1,270 @@
+//! Model test of child allocators: random alloc / free / realloc sequences through a child
+//! of the `SystemAllocator` and a grandchild, with budgets set and removed on both between
+//! calls (which moves the children between their thread-cache lanes and their general path),
+//! checked against a shadow model. No two live blocks overlap, every pointer is aligned,
+//! contents survive until freed or resized, and the statistics of both allocators equal what
+//! the model says after every step (the parent's include the grandchild's).
+
+use core::alloc::Layout;
+use core::ptr::NonNull;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use tagalloc::{AllocatorStats, BlockAllocator, BudgetMode, SystemAllocator};
+
+tagalloc::allocator!(ModelParent: child of SystemAllocator, "model parent");
+tagalloc::allocator!(ModelKid: child of ModelParent, "model grandchild");
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc {
+        kid: bool,
+        size: usize,
+        align_log: u32,
+    },
+    Free {
+        pick: usize,
+    },
+    Realloc {
+        pick: usize,
+        size: usize,
+    },
+    /// A warn-only budget (never refuses) on the parent or the grandchild, or none.
+    Budget {
+        kid: bool,
+        on: bool,
+    },
+}
+
+fn size_strategy() -> impl Strategy<Value = usize> {
+    prop_oneof![6 => 1usize..=512, 3 => 513usize..=4096, 1 => 4097usize..=70_000]
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (any::<bool>(), size_strategy(), prop_oneof![4 => 0u32..=3, 1 => 4u32..=6])
+            .prop_map(|(kid, size, align_log)| Op::Alloc { kid, size, align_log }),
+        5 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        2 => (any::<usize>(), size_strategy()).prop_map(|(pick, size)| Op::Realloc { pick, size }),
+        1 => (any::<bool>(), any::<bool>()).prop_map(|(kid, on)| Op::Budget { kid, on }),
+    ]
+}
+
+struct Live {
+    kid: bool,
+    layout: Layout,
+    granted: usize,
+    seed: u8,
+}
+
+/// The figures the model expects of one allocator: live blocks, granted and requested bytes.
+#[derive(Default, Debug, PartialEq, Eq, Clone, Copy)]
+struct Expect {
+    blocks: usize,
+    granted: usize,
+    requested: usize,
+}
+
+fn figures(st: &AllocatorStats, start: &AllocatorStats) -> Expect {
+    Expect {
+        blocks: st.live_blocks - start.live_blocks,
+        granted: st.live_granted_bytes - start.live_granted_bytes,
+        requested: st.live_requested_bytes.unwrap() - start.live_requested_bytes.unwrap(),
+    }
+}
+
+fn fill(ptr: NonNull<u8>, len: usize, seed: u8) {
+    // SAFETY: the block holds at least `len` bytes.
+    unsafe {
+        for i in 0..len {
+            ptr.as_ptr().add(i).write(seed.wrapping_add(i as u8));
+        }
+    }
+}
+
+fn check(ptr: NonNull<u8>, len: usize, seed: u8) {
+    // SAFETY: the block holds at least `len` bytes, written by `fill`.
+    unsafe {
+        for i in 0..len {
+            assert_eq!(*ptr.as_ptr().add(i), seed.wrapping_add(i as u8), "byte {i}");
+        }
+    }
+}
+
+fn allocate(kid: bool, layout: Layout) -> tagalloc::schema::Allocation {
+    let block = if kid {
+        ModelKid.allocate_block(layout)
+    } else {
+        ModelParent.allocate_block(layout)
+    };
+    block.expect("out of memory")
+}
+
+/// Frees a block; returns the granted size the allocator reports.
+///
+/// # Safety
+/// `ptr` is a live block of the chosen allocator with `layout`.
+unsafe fn free(kid: bool, ptr: NonNull<u8>, layout: Layout) -> usize {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if kid {
+            ModelKid.deallocate_block(ptr, layout)
+        } else {
+            ModelParent.deallocate_block(ptr, layout)
+        }
+    }
+}
+
+/// Whether children get lanes here (not when the thread pointer is turned off).
+fn lanes_expected() -> bool {
+    std::env::var("TAGALLOC_THREAD_POINTER").map_or(true, |v| v != "off")
+}
+
+fn run(ops: Vec<Op>) {
+    // One small allocation through each asks for its lane (which the budgets then switch).
+    let layout = Layout::from_size_align(32, 8).unwrap();
+    for kid in [false, true] {
+        let block = allocate(kid, layout);
+        // SAFETY: just allocated with `layout`.
+        unsafe { free(kid, block.ptr, layout) };
+    }
+    assert_eq!(
+        ModelParent::registration().has_thread_cache_lane(),
+        lanes_expected()
+    );
+    assert_eq!(
+        ModelKid::registration().has_thread_cache_lane(),
+        lanes_expected()
+    );
+    let parent_start = ModelParent.stats();
+    let kid_start = ModelKid.stats();
+    let mut live: BTreeMap<usize, (NonNull<u8>, Live)> = BTreeMap::new();
+    let mut seed = 0u8;
+    for (step, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Alloc {
+                kid,
+                size,
+                align_log,
+            } => {
+                let layout = Layout::from_size_align(size, 1 << align_log).unwrap();
+                let block = allocate(kid, layout);
+                let addr = block.ptr.as_ptr() as usize;
+                assert_eq!(addr % layout.align(), 0, "step {step}: alignment");
+                assert!(block.size >= size);
+                if let Some((&before, (_, b))) = live.range(..=addr).next_back() {
+                    assert!(
+                        before + b.granted <= addr,
+                        "step {step}: overlaps {before:#x}"
+                    );
+                }
+                if let Some((&after, _)) = live.range(addr..).next() {
+                    assert!(
+                        addr + block.size <= after,
+                        "step {step}: overlaps {after:#x}"
+                    );
+                }
+                seed = seed.wrapping_add(31);
+                fill(block.ptr, size, seed);
+                let granted = block.size;
+                live.insert(
+                    addr,
+                    (
+                        block.ptr,
+                        Live {
+                            kid,
+                            layout,
+                            granted,
+                            seed,
+                        },
+                    ),
+                );
+            }
+            Op::Free { pick } if !live.is_empty() => {
+                let addr = *live.keys().nth(pick % live.len()).unwrap();
+                let (ptr, b) = live.remove(&addr).unwrap();
+                check(ptr, b.layout.size(), b.seed);
+                // SAFETY: a live block of that allocator with that layout.
+                let granted = unsafe { free(b.kid, ptr, b.layout) };
+                assert_eq!(granted, b.granted, "step {step}: granted size at free");
+            }
+            Op::Realloc { pick, size } if !live.is_empty() => {
+                let addr = *live.keys().nth(pick % live.len()).unwrap();
+                let (ptr, mut b) = live.remove(&addr).unwrap();
+                check(ptr, b.layout.size(), b.seed);
+                // SAFETY: a live block of that allocator with that layout.
+                let (block, old) = unsafe {
+                    if b.kid {
+                        ModelKid.reallocate_block(ptr, b.layout, size)
+                    } else {
+                        ModelParent.reallocate_block(ptr, b.layout, size)
+                    }
+                }
+                .expect("out of memory");
+                assert_eq!(old, b.granted, "step {step}: old granted size");
+                assert_eq!(block.ptr.as_ptr() as usize % b.layout.align(), 0);
+                check(block.ptr, b.layout.size().min(size), b.seed);
+                b.layout = Layout::from_size_align(size, b.layout.align()).unwrap();
+                b.granted = block.size;
+                fill(block.ptr, size, b.seed);
+                live.insert(block.ptr.as_ptr() as usize, (block.ptr, b));
+            }
+            Op::Budget { kid, on } => {
+                let limit = on.then_some(usize::MAX / 4);
+                if kid {
+                    ModelKid.set_budget(limit, BudgetMode::Warn);
+                } else {
+                    ModelParent.set_budget(limit, BudgetMode::Warn);
+                }
+            }
+            Op::Free { .. } | Op::Realloc { .. } => {}
+        }
+        let mut kid = Expect::default();
+        let mut all = Expect::default();
+        for (_, b) in live.values() {
+            let e = if b.kid { &mut kid } else { &mut all };
+            e.blocks += 1;
+            e.granted += b.granted;
+            e.requested += b.layout.size();
+        }
+        all.blocks += kid.blocks;
+        all.granted += kid.granted;
+        all.requested += kid.requested;
+        let (k, p) = (ModelKid.stats(), ModelParent.stats());
+        assert_eq!(
+            figures(&k, &kid_start),
+            kid,
+            "step {step}: grandchild figures"
+        );
+        assert_eq!(
+            figures(&p, &parent_start),
+            all,
+            "step {step}: parent figures"
+        );
+        assert!(p.peak_granted_bytes.unwrap() >= p.live_granted_bytes);
+        assert_eq!(
+            k.over_budget, 0,
+            "a warn budget of a quarter of the address space"
+        );
+    }
+    for (_, (ptr, b)) in live {
+        check(ptr, b.layout.size(), b.seed);
+        // SAFETY: a live block of that allocator with that layout.
+        unsafe { free(b.kid, ptr, b.layout) };
+    }
+    ModelKid.set_budget(None, BudgetMode::Warn);
+    ModelParent.set_budget(None, BudgetMode::Warn);
+    let (k, p) = (ModelKid.stats(), ModelParent.stats());
+    assert_eq!(figures(&k, &kid_start), Expect::default());
+    assert_eq!(figures(&p, &parent_start), Expect::default());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn children_match_the_model_across_lane_switches(
+        ops in prop::collection::vec(op_strategy(), 1..400)
+    ) {
+        run(ops);
+    }
+}
