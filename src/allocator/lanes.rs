@@ -22,8 +22,8 @@
 //! it, each live thread's per-class counts and requested bytes. Each lane also *publishes*
 //! its granted bytes into the shared live figure of its owner and every child above it, per
 //! class, on its slow paths (a refill, a full bin): the peak follows from that, within what
-//! a thread's bins move between two slow paths (at most a refill or a bin's limit of each
-//! class, 16-64 KiB). When a child gets a budget, its first counted call publishes every
+//! a thread's bins move between two slow paths (at most a refill or a bin's limit of a
+//! class, up to about 64 KiB) per thread and class. When a child gets a budget, its first counted call publishes every
 //! thread's lanes below it (as it does its shards), so the budget starts from the exact live
 //! figure; a thread exiting publishes and hands its counts to the owners' shared counters.
 

@@ -10,6 +10,12 @@
 //! blocks are freed on other threads than the ones that allocated them (a shard's byte
 //! figures may then be negative; the sums are right).
 //!
+//! A child with a *lane* of the thread caches (see `crate::allocator::lanes`) counts its
+//! small blocks there instead: its figures then also add, over every live thread, the
+//! per-class counts of its lane and of the lanes of the children below it
+//! ([`Counters`]'s `lanes_below`), and each lane publishes its granted bytes into the shared
+//! live figure on its slow paths, as a shard does past its threshold.
+//!
 //! A call counts in its shard when the allocator's *route* word holds a shard slot (as the
 //! shard's byte offset in a thread's set, so the fast path needs no arithmetic) and no
 //! budget is set: two loads and two compares before the shard is reached (see
@@ -202,6 +208,11 @@ impl Counters {
     /// from the true peak, per thread that has used the allocator and not exited: a thread
     /// publishes its granted bytes into the shared live figure once they change by more
     /// than this (see the module docs). Allocators with a budget keep an exact peak.
+    ///
+    /// A child with a lane of the thread caches publishes per size class, when the class's
+    /// bin is refilled or overflows: between two, a thread moves at most one refill or one
+    /// bin's limit of blocks (up to about 64 KiB) of a class, so the peak is off by less
+    /// than that per thread and size class the thread uses instead.
     pub const PEAK_TOLERANCE_PER_THREAD: usize = shard::PUBLISH_BYTES;
 
     /// All counters at zero.
