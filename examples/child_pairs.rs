@@ -13,8 +13,10 @@
 //! the layout reaches each call: `hoisted` (the default: one runtime value for the whole
 //! loop, which lets the compiler move the size check and class lookup of the simplest
 //! path, the `SystemAllocator`'s, out of the loop), `opaque` (hidden from the optimiser at
-//! every call, as a layout computed per call is) or `const` (a compile-time constant, as
-//! for `Box<T>`; sizes 16 and 1024 only).
+//! every call, as a layout computed per call is), `const` (a compile-time constant, as
+//! for `Box<T>`; sizes 16 and 1024 only) or `batch` (64 allocations, then their 64 frees:
+//! the bins refill and overflow, so the slow paths count too; PAIRS should be a multiple of
+//! 64).
 
 use std::alloc::Layout;
 use std::hint::black_box;
@@ -48,14 +50,33 @@ fn run_const<B: BlockAllocator, const SIZE: usize>(alloc: B, pairs: u64) {
     }
 }
 
+/// `pairs` allocations and frees in batches of 64 (all allocated, then all freed).
+#[inline(never)]
+fn run_batches<B: BlockAllocator>(alloc: B, layout: Layout, pairs: u64) {
+    let mut ptrs = [std::ptr::NonNull::<u8>::dangling(); 64];
+    for _ in 0..pairs / 64 {
+        for p in ptrs.iter_mut() {
+            let block = alloc
+                .allocate_block(black_box(layout))
+                .expect("out of memory");
+            *p = block.ptr;
+        }
+        for &p in ptrs.iter() {
+            // SAFETY: each block was allocated above with `layout`, freed once.
+            unsafe { alloc.deallocate_block(black_box(p), black_box(layout)) };
+        }
+    }
+}
+
 /// `pairs` pairs the way the command line asks (see the module docs).
 fn run_mode<B: BlockAllocator>(alloc: B, layout: Layout, pairs: u64, mode: &str) {
     match (mode, layout.size()) {
         ("hoisted", _) => run(alloc, layout, pairs),
         ("opaque", _) => run_opaque(alloc, layout, pairs),
+        ("batch", _) => run_batches(alloc, layout, pairs),
         ("const", 16) => run_const::<B, 16>(alloc, pairs),
         ("const", 1024) => run_const::<B, 1024>(alloc, pairs),
-        _ => panic!("mode: hoisted, opaque, or const with size 16 or 1024"),
+        _ => panic!("mode: hoisted, opaque, batch, or const with size 16 or 1024"),
     }
 }
 
@@ -72,7 +93,8 @@ fn pair<B: BlockAllocator>(alloc: B, layout: Layout) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: child_pairs system|child|grandchild SIZE PAIRS [hoisted|opaque|const]";
+    let usage =
+        "usage: child_pairs system|child|grandchild SIZE PAIRS [hoisted|opaque|const|batch]";
     let (which, size, pairs, mode) = match &args[..] {
         [_, which, size, pairs, rest @ ..] if rest.len() <= 1 => (
             which.as_str(),

@@ -1,6 +1,7 @@
 //! Model test of child allocators: random alloc / free / realloc sequences through a child
 //! of the `SystemAllocator` and a grandchild, with budgets set and removed on both between
-//! calls (which moves the children between their thread-cache lanes and their general path),
+//! calls and the `SystemAllocator`'s sampling turned on and off (which moves the children
+//! between their thread-cache lanes, sampling or not, and their general path),
 //! checked against a shadow model. No two live blocks overlap, every pointer is aligned,
 //! contents survive until freed or resized, and the statistics of both allocators equal what
 //! the model says after every step (the parent's include the grandchild's).
@@ -9,7 +10,7 @@ use core::alloc::Layout;
 use core::ptr::NonNull;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-use tagalloc::{AllocatorStats, BlockAllocator, BudgetMode, SystemAllocator};
+use tagalloc::{AllocatorStats, BlockAllocator, BudgetMode, RecordMode, SystemAllocator};
 
 tagalloc::allocator!(ModelParent: child of SystemAllocator, "model parent");
 tagalloc::allocator!(ModelKid: child of ModelParent, "model grandchild");
@@ -33,6 +34,10 @@ enum Op {
         kid: bool,
         on: bool,
     },
+    /// The `SystemAllocator` samples (the lanes then sample for it) or not.
+    SystemSample {
+        on: bool,
+    },
 }
 
 fn size_strategy() -> impl Strategy<Value = usize> {
@@ -46,6 +51,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         5 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         2 => (any::<usize>(), size_strategy()).prop_map(|(pick, size)| Op::Realloc { pick, size }),
         1 => (any::<bool>(), any::<bool>()).prop_map(|(kid, on)| Op::Budget { kid, on }),
+        1 => any::<bool>().prop_map(|on| Op::SystemSample { on }),
     ]
 }
 
@@ -216,6 +222,17 @@ fn run(ops: Vec<Op>) {
                     ModelParent.set_budget(limit, BudgetMode::Warn);
                 }
             }
+            Op::SystemSample { on } => {
+                let mode = if on {
+                    RecordMode::Sample {
+                        interval: 4096,
+                        frames: 0,
+                    }
+                } else {
+                    RecordMode::Off
+                };
+                SystemAllocator::new().set_records(mode);
+            }
             Op::Free { .. } | Op::Realloc { .. } => {}
         }
         let mut kid = Expect::default();
@@ -256,6 +273,14 @@ fn run(ops: Vec<Op>) {
     let (k, p) = (ModelKid.stats(), ModelParent.stats());
     assert_eq!(figures(&k, &kid_start), Expect::default());
     assert_eq!(figures(&p, &parent_start), Expect::default());
+    // Every block is freed: no sampled record of the `SystemAllocator` may remain (the
+    // children's blocks are the only ones it serves in this binary).
+    let snapshot = tagalloc::records::snapshot();
+    assert_eq!(
+        snapshot.records_of("SystemAllocator").count(),
+        0,
+        "stale records"
+    );
 }
 
 proptest! {

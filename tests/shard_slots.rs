@@ -104,11 +104,23 @@ fn allocators_beyond_the_shard_slots_count_exactly_with_shared_atomics() {
     assert_eq!((st.allocations, st.frees, st.live_blocks), (201, 201, 0));
     assert_eq!(st.live_granted_bytes, 0);
     assert_eq!(st.peak_granted_bytes, Some(granted));
-    // And so does a sharded allocator, peak within the tolerance of two threads.
+    // And so does a sharded allocator (the first children to allocate also get a lane of
+    // the thread caches, which adds a tolerance per size class), peak within the tolerance of
+    // two threads.
     let granted = cross_thread::<A000>(layout);
     let st = A000.stats();
     assert_eq!((st.allocations, st.frees, st.live_blocks), (201, 201, 0));
     assert_eq!(st.live_granted_bytes, 0);
     let peak = st.peak_granted_bytes.unwrap();
-    assert!(peak <= granted && peak + 2 * tagalloc::Counters::PEAK_TOLERANCE_PER_THREAD >= granted);
+    let per_thread = tagalloc::Counters::PEAK_TOLERANCE_PER_THREAD
+        + if A000::registration().has_thread_cache_lane() {
+            tagalloc::Counters::PEAK_TOLERANCE_PER_THREAD_AND_CLASS // one size class
+        } else {
+            0
+        };
+    assert!(
+        peak <= granted && peak + 2 * per_thread >= granted,
+        "peak {peak}, true peak {granted}, tolerance {}",
+        2 * per_thread
+    );
 }

@@ -278,15 +278,14 @@ impl<P: BlockAllocator> Child<P> {
         self.allocate_general(layout)
     }
 
-    /// A small allocation its lane did not serve: a refill if the lane is open, else the
-    /// general path (and, the first time, a lane asked for).
+    /// A small allocation its lane did not serve: a refill (or a sampled allocation) if the
+    /// lane is open, else the general path (and, the first time, a lane asked for).
     #[inline(never)]
     fn allocate_lane_missed(self, layout: Layout, class: usize) -> Option<Allocation> {
         let counters = self.counters();
         // SAFETY: as in `allocate`.
-        let refilled = unsafe {
-            thread_cache::lane_allocate_missed(counters.lane_offset(), class, layout.size())
-        };
+        let refilled =
+            unsafe { thread_cache::lane_allocate_missed(counters.lane_offset(), class, layout) };
         if let Some(p) = refilled {
             let size = class_size(class);
             return NonNull::new(p).map(|ptr| Allocation { ptr, size });

@@ -11,37 +11,47 @@
 //! still come from and go back to the one heap.
 //!
 //! A lane is *open* only while nothing needs to see the child's calls one by one: no budget
-//! on the child or on a child above it, no records (now or earlier) on any of them, and none
-//! on the `SystemAllocator`. Otherwise it is closed (every class's mark closed, the hooks
-//! byte set) and each call takes the child's general path, with its shards, budget checks
-//! and records, as children without a lane always do. The gates are recomputed, and written
+//! on the child or on a child above it, no records (now, or earlier except sampled ones) on
+//! any of them, and no records of every block on the `SystemAllocator`. While the
+//! `SystemAllocator` samples, an open lane samples its allocations for it (per-class
+//! countdowns, as its own lane 0 does) and its frees ask the sample filter, as lane 0's do.
+//! Otherwise the lane is closed (every class's mark closed, the hooks byte set) and each
+//! call takes the child's general path, with its shards, budget checks and records, as
+//! children without a lane always do. The gates are recomputed, and written
 //! into every thread's cache under the thread registry's lock, whenever a budget or a
 //! records setting changes ([`refresh`]).
 //!
 //! **Figures.** A child's snapshot adds, for its own lane and the lanes of every child below
 //! it, each live thread's per-class counts and requested bytes. Each lane also *publishes*
-//! its granted bytes into the shared live figure of its owner and every child above it, per
-//! class, on its slow paths (a refill, a full bin): the peak follows from that, within what
-//! a thread's bins move between two slow paths (at most a refill or a bin's limit of a
-//! class, up to about 64 KiB) per thread and class. When a child gets a budget, its first counted call publishes every
+//! its granted bytes into the shared live figure of its owner and every child above it, on
+//! its slow paths (a refill, a full bin) once they reach [`PUBLISH_BYTES`] over all classes:
+//! the peak follows from that, within that per thread and lane plus what each class's bin
+//! moved since its last slow path (at most a refill or a bin's limit, up to about 64 KiB).
+//! When a child gets a budget, its first counted call publishes every
 //! thread's lanes below it (as it does its shards), so the budget starts from the exact live
 //! figure; a thread exiting publishes and hands its counts to the owners' shared counters.
 
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::hpha::size_class::CLASS_COUNT;
-use crate::thread_cache::{self, CHILD_LANES, LANES, Lane};
+use crate::thread_cache::{
+    self, CHILD_LANES, HOOK_ALLOC, HOOK_CLOSED, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_SAMPLE, LANES,
+    Lane,
+};
 use core::ptr::{self, null_mut};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
 
 /// The child that owns each lane (lane 0 is the `SystemAllocator`'s).
 static OWNERS: [AtomicPtr<Registration>; LANES] = [const { AtomicPtr::new(null_mut()) }; LANES];
 /// The next lane to hand out (past [`CHILD_LANES`]: none left). Changed under the thread
 /// registry's lock.
 static NEXT: AtomicUsize = AtomicUsize::new(1);
-/// Whether each lane is open, as last computed by [`refresh`] (under the registry lock).
-/// A cache that registers copies it.
-static OPEN: [AtomicBool; LANES] = [const { AtomicBool::new(false) }; LANES];
+/// Each lane's gate as last computed by [`refresh`] (under the registry lock): the hooks
+/// byte a thread's copy of the lane gets (see [`gate`]). A thread opening a lane copies it.
+static GATES: [AtomicU8; LANES] = [const { AtomicU8::new(CLOSED) }; LANES];
+
+/// A lane's hooks byte when it is closed.
+const CLOSED: u8 = HOOK_FREE | HOOK_CLOSED;
 
 /// The owner of lane `index`, if handed out.
 fn owner(index: usize) -> Option<&'static Registration> {
@@ -55,9 +65,47 @@ fn chain(owner: &'static Registration) -> impl Iterator<Item = &'static Registra
     core::iter::successors(Some(owner), |r| r.parent()).take_while(|r| !ptr::eq(*r, &SYSTEM))
 }
 
-/// Whether lane `index` is open (last computed by [`refresh`]).
-pub(crate) fn is_open(index: usize) -> bool {
-    OPEN[index].load(Relaxed)
+/// The gate of lane `index`, last computed by [`refresh`]: the lane's hooks byte, with the
+/// meaning it has in lane 0. `HOOK_FREE`: closed, every call takes the child's general
+/// path. Otherwise open, and while the `SystemAllocator` samples, `HOOK_SAMPLE` (its
+/// allocations are sampled for the `SystemAllocator`'s records, with per-class countdowns
+/// as in lane 0) and `HOOK_FREE_SAMPLED` (sampled records may exist: a free asks the sample
+/// filter and takes the general path for a block that may be one).
+pub(crate) fn gate(index: usize) -> u8 {
+    GATES[index].load(Relaxed)
+}
+
+/// Whether `registration` owns a lane and the lane is open (see [`gate`]).
+pub(crate) fn is_open_for(registration: &'static Registration) -> bool {
+    (1..=CHILD_LANES).any(|index| {
+        owner(index).is_some_and(|owner| ptr::eq(owner, registration)) && serves(gate(index))
+    })
+}
+
+/// Whether a lane with hooks byte `hooks` serves calls.
+#[inline(always)]
+pub(crate) fn serves(hooks: u8) -> bool {
+    hooks & HOOK_FREE == 0
+}
+
+/// The gate of a lane owned by `owner` (see [`gate`]).
+fn compute_gate(owner: &'static Registration) -> u8 {
+    let system = records::global::thread_hooks();
+    if system & (HOOK_ALLOC | HOOK_FREE) != 0 {
+        // The `SystemAllocator` records every block (or may hold records of any).
+        return CLOSED;
+    }
+    let mut gate = system & (HOOK_SAMPLE | HOOK_FREE_SAMPLED);
+    for r in chain(owner) {
+        if r.budget().is_set() {
+            return CLOSED;
+        }
+        match records::global::child_lane_hooks(r.records().word()) {
+            Some(hooks) => gate |= hooks,
+            None => return CLOSED,
+        }
+    }
+    gate
 }
 
 /// Gives `registration` (a child whose chain of parents ends at the `SystemAllocator`) a
@@ -95,18 +143,36 @@ pub(crate) fn claim(registration: &'static Registration) {
     refresh();
 }
 
-/// Recomputes which lanes are open and writes the gates into every thread's cache. Called
-/// after a budget or a records setting changed, and when a lane is handed out.
+/// Recomputes the lanes' gates and writes them into every thread's cache. Called after a
+/// budget or a records setting changed, and when a lane is handed out.
 pub(crate) fn refresh() {
     let threads = thread_cache::lock_threads();
-    let system_quiet = records::global::thread_hooks() == 0;
-    for (index, open) in OPEN.iter().enumerate().take(CHILD_LANES + 1).skip(1) {
-        let gate = owner(index).is_some_and(|owner| {
-            system_quiet && chain(owner).all(|r| !r.budget().is_set() && r.records().word() == 0)
-        });
-        open.store(gate, Relaxed);
+    for (index, gate) in GATES.iter().enumerate().take(CHILD_LANES + 1).skip(1) {
+        gate.store(owner(index).map_or(CLOSED, compute_gate), Relaxed);
     }
     threads.apply_lane_gates();
+}
+
+/// How far the unpublished granted bytes of a thread's lane, over every class, may go
+/// (either way) before its owner publishes them (as a shard does past its own threshold):
+/// the shared live figure, and the peak taken from it, is then off by less than this per
+/// thread and lane, plus what each class's bin moved since its last refill or overflow.
+pub(crate) const PUBLISH_BYTES: usize = 64 * 1024;
+
+/// Publishes every class of `lane` (lane `index` of the calling thread's cache) with one
+/// addition to each owner's shared live figure.
+pub(crate) fn publish_lane(index: usize, lane: &Lane) {
+    let mut bytes = 0usize;
+    for class in 0..CLASS_COUNT {
+        bytes = bytes.wrapping_add(lane.take_unpublished(class));
+    }
+    if bytes != 0 {
+        if let Some(owner) = owner(index) {
+            for r in chain(owner) {
+                r.counters().publish_granted(bytes);
+            }
+        }
+    }
 }
 
 /// Publishes the granted bytes of `class` that `lane` (lane `index` of some thread's cache)

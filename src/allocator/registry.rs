@@ -299,6 +299,13 @@ impl Registration {
         self.counters.lane_offset() != 0
     }
 
+    /// Whether this allocator has a lane of the thread caches (see
+    /// [`has_thread_cache_lane`](Self::has_thread_cache_lane)) and the lane is open now, so
+    /// that its small calls take it.
+    pub fn thread_cache_lane_open(&'static self) -> bool {
+        crate::lanes::is_open_for(self)
+    }
+
     /// The byte budget settings.
     pub fn budget(&self) -> &Budget {
         &self.budget

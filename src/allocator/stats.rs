@@ -209,11 +209,20 @@ impl Counters {
     /// publishes its granted bytes into the shared live figure once they change by more
     /// than this (see the module docs). Allocators with a budget keep an exact peak.
     ///
-    /// A child with a lane of the thread caches publishes per size class, when the class's
-    /// bin is refilled or overflows: between two, a thread moves at most one refill or one
-    /// bin's limit of blocks (up to about 64 KiB) of a class, so the peak is off by less
-    /// than that per thread and size class the thread uses instead.
+    /// A child with a lane of the thread caches (see
+    /// [`Registration::has_thread_cache_lane`](crate::Registration::has_thread_cache_lane))
+    /// publishes on the lane's slow paths (a bin refilled or full) once its unpublished
+    /// bytes over all classes reach the same amount; between two slow paths of a size class
+    /// a thread moves at most one refill or one bin's worth of its blocks, so its peak may
+    /// be off by up to [`PEAK_TOLERANCE_PER_THREAD_AND_CLASS`](Self::PEAK_TOLERANCE_PER_THREAD_AND_CLASS)
+    /// more per size class the thread uses.
     pub const PEAK_TOLERANCE_PER_THREAD: usize = shard::PUBLISH_BYTES;
+
+    /// For a child with a lane of the thread caches: how much further than
+    /// [`PEAK_TOLERANCE_PER_THREAD`](Self::PEAK_TOLERANCE_PER_THREAD) its recorded peak may
+    /// be from the true one, per thread and per size class that thread uses (what one
+    /// refill can hand a bin: four times a bin's 16 KiB).
+    pub const PEAK_TOLERANCE_PER_THREAD_AND_CLASS: usize = 64 * 1024;
 
     /// All counters at zero.
     pub const fn new() -> Self {

@@ -34,6 +34,7 @@ use super::{lanes, thread_pointer};
 use crate::config;
 use crate::os::OsAllocator;
 use crate::records;
+use crate::registry::SYSTEM;
 use crate::schema::HphaSchema;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
 use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
@@ -41,7 +42,7 @@ use crate::stats::ShardSet;
 use crate::sync::{SpinGuard, SpinLock};
 use core::alloc::Layout;
 use core::cell::Cell;
-use core::ptr::{self, null_mut};
+use core::ptr::{self, NonNull, null_mut};
 use core::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering::*, fence,
 };
@@ -72,6 +73,9 @@ pub(crate) const HOOK_FREE: u8 = 4;
 /// Only sampled records may be in the table: the fast path frees every block the sample
 /// filter rules out, and sends the rest down the general path.
 pub(crate) const HOOK_FREE_SAMPLED: u8 = 8;
+/// A child's lane that is closed (see `lanes::gate`): with [`HOOK_FREE`], every call takes
+/// the child's general path.
+pub(crate) const HOOK_CLOSED: u8 = 16;
 /// A cache that is new or dead sends everything down the general path, which checks the
 /// settings word itself and registers the cache.
 const HOOKS_UNREGISTERED: u8 = HOOK_ALLOC | HOOK_FREE;
@@ -303,13 +307,21 @@ impl ThreadCache {
         head.cast()
     }
 
-    /// After a refill or an overflow of a child lane's bin: publishes the class's granted
-    /// bytes into the owners' shared figures (their peak), see `lanes`.
+    /// After a refill or an overflow of a child lane's bin: once the lane's unpublished
+    /// granted bytes, over every class, reach [`lanes::PUBLISH_BYTES`] either way, publishes
+    /// them into the owners' shared figures (their peak), see `lanes`.
     #[inline(always)]
     fn after_lane_slow_path(&self, lane: &Lane, class: usize) {
         let index = self.lane_index(lane);
-        if index != 0 {
-            lanes::publish(index, lane, class);
+        if index == 0 {
+            return;
+        }
+        // SAFETY: the owner's slow path, with a valid class.
+        let pending = unsafe { lane.note_unpublished(class) };
+        if pending.unsigned_abs() >= lanes::PUBLISH_BYTES {
+            lanes::publish_lane(index, lane);
+            // SAFETY: as above.
+            unsafe { lane.published_all() };
         }
     }
 
@@ -484,7 +496,7 @@ impl ThreadCache {
         if self.lanes_used.load(Relaxed) & bit != 0 {
             // Set up already: its gate is what `refresh` last wrote (closed, or open since
             // the caller looked).
-            return lane.hooks.load(Relaxed) == 0;
+            return lanes::serves(lane.hooks.load(Relaxed));
         }
         for class in 0..CLASS_COUNT {
             // SAFETY: owning thread; the lane is unused, so its bins are empty.
@@ -494,18 +506,25 @@ impl ThreadCache {
         // later change reaches this lane.
         let _list = THREADS.lock();
         self.lanes_used.fetch_or(bit, Relaxed);
-        let open = lanes::is_open(index);
-        set_lane_gate(lane, open);
-        open
+        let gate = lanes::gate(index);
+        set_lane_gate(lane, gate);
+        lanes::serves(gate)
     }
 }
 
-/// Opens or closes a child lane's fast paths: the hooks byte for frees, every class's mark
-/// for allocations. Called under the registry lock (or on the owner's registration, under
-/// it too), so no two threads change gates at once.
-fn set_lane_gate(lane: &Lane, open: bool) {
-    lane.hooks.store(if open { 0 } else { HOOK_FREE }, Relaxed);
-    let until = if open { OPEN } else { CLOSED };
+/// Writes a child lane's gate (see `lanes::gate`): its hooks byte, then every class's mark,
+/// closed unless the lane serves allocations without sampling (a sampling lane's owner
+/// draws its countdowns at its next allocation of each class). Called under the registry
+/// lock, so no two threads change gates at once; the fence orders the marks after the
+/// hooks for an owner setting a mark meanwhile (see `ThreadCache::set_open_until`).
+fn set_lane_gate(lane: &Lane, hooks: u8) {
+    lane.hooks.store(hooks, Relaxed);
+    fence(SeqCst);
+    let until = if lanes::serves(hooks) {
+        ThreadCache::initial_open_until(hooks)
+    } else {
+        CLOSED
+    };
     for slot in &lane.slots {
         slot.open_until.store(until, Relaxed);
     }
@@ -592,7 +611,7 @@ pub(crate) fn allocate_gated(
 #[inline(always)]
 pub(crate) unsafe fn charge(tc: CacheRef, class: usize) -> SampleCharge {
     // SAFETY: forwarded from the caller.
-    unsafe { (*tc).charge(class) }
+    unsafe { (*tc).charge((*tc).system(), class) }
 }
 
 /// Settles a [`SampleCharge::Due`] from [`charge`].
@@ -601,7 +620,7 @@ pub(crate) unsafe fn charge(tc: CacheRef, class: usize) -> SampleCharge {
 /// As for [`charge`].
 pub(crate) unsafe fn charge_due(tc: CacheRef, class: usize) -> SampleCharge {
     // SAFETY: forwarded from the caller.
-    unsafe { (*tc).charge_due(class) }
+    unsafe { (*tc).charge_due((*tc).system(), class) }
 }
 
 /// A block of `class` from the cache a fast path found, refilling its bin from the heap
@@ -667,8 +686,8 @@ pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool 
 #[inline(always)]
 pub(crate) fn charge_tls(class: usize) -> SampleCharge {
     // SAFETY: the cache is this thread's own; `class` comes from the class table.
-    CACHE.with(|tc| match unsafe { tc.charge(class) } {
-        SampleCharge::Due => tc.charge_due(class),
+    CACHE.with(|tc| match unsafe { tc.charge(tc.system(), class) } {
+        SampleCharge::Due => tc.charge_due(tc.system(), class),
         charge => charge,
     })
 }
@@ -777,28 +796,43 @@ pub(crate) unsafe fn lane_allocate(lane: usize, class: usize, size: usize) -> *m
     }
 }
 
-/// [`lane_allocate`] missed: refills the bin if the lane is open and the cache live.
-/// `None`: no lane, or a closed one, so the child takes its general path; `Some(null)`: out
-/// of memory.
+/// [`lane_allocate`] missed: refills the bin if the lane is open and the cache live, and
+/// while the `SystemAllocator` samples, draws the class's countdown and records a sampled
+/// block for it. `None`: no lane, or a closed one, so the child takes its general path;
+/// `Some(null)`: out of memory.
 ///
 /// # Safety
-/// As for [`lane_allocate`].
+/// As for [`lane_allocate`]; `class` is the class of `layout` (size ≤ 4 KiB, alignment ≤ 8).
 pub(crate) unsafe fn lane_allocate_missed(
     lane: usize,
     class: usize,
-    size: usize,
+    layout: Layout,
 ) -> Option<*mut u8> {
     // SAFETY: as in `lane_allocate`; the cache is this thread's, live, and the lane open,
-    // so its bins are this thread's to refill.
+    // so its bins and marks are this thread's to refill and draw.
     unsafe {
         let lane = lane_of_thread(lane)?;
         let tc = &*(thread_pointer::cache_address()? as CacheRef);
-        if tc.state.get() != STATE_ACTIVE || lane.hooks.load(Relaxed) != 0 && !tc.open_lane(lane) {
+        let usable = |hooks| lanes::serves(hooks) || tc.open_lane(lane);
+        if tc.state.get() != STATE_ACTIVE || !usable(lane.hooks.load(Relaxed)) {
             return None;
         }
+        let sampled = match tc.charge(lane, class) {
+            SampleCharge::Skip => None,
+            SampleCharge::Sampled(interval) => Some(interval),
+            SampleCharge::Due => match tc.charge_due(lane, class) {
+                SampleCharge::Sampled(interval) => Some(interval),
+                SampleCharge::General => return None,
+                SampleCharge::Skip | SampleCharge::Due => None,
+            },
+            SampleCharge::General => return None,
+        };
         let p = tc.allocate(lane, class);
-        if !p.is_null() {
-            lane.add_requested(size);
+        if let Some(ptr) = NonNull::new(p) {
+            lane.add_requested(layout.size());
+            if let Some(interval) = sampled {
+                records::record_sampled(&SYSTEM, ptr, layout, class_size(class), interval);
+            }
         }
         Some(p)
     }
@@ -844,8 +878,13 @@ pub(crate) unsafe fn lane_free_missed(
             return false;
         };
         let tc = &*(addr as CacheRef);
-        if tc.state.get() != STATE_ACTIVE || lane.hooks.load(Relaxed) != 0 && !tc.open_lane(lane) {
+        let usable = |hooks| lanes::serves(hooks) || tc.open_lane(lane);
+        if tc.state.get() != STATE_ACTIVE || !usable(lane.hooks.load(Relaxed)) {
             return false;
+        }
+        if lane.hooks.load(Relaxed) & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr)
+        {
+            return false; // the general path removes its record
         }
         tc.free(lane, ptr, class);
         lane.sub_requested(size);
@@ -868,14 +907,17 @@ impl ThreadCache {
     /// # Safety
     /// Owning thread; `class < CLASS_COUNT`.
     #[inline(always)]
-    unsafe fn charge(&self, class: usize) -> SampleCharge {
-        let hooks = self.system().hooks.load(Relaxed);
+    unsafe fn charge(&self, lane: &Lane, class: usize) -> SampleCharge {
+        let hooks = lane.hooks.load(Relaxed);
+        if hooks & HOOK_CLOSED != 0 {
+            return SampleCharge::General; // a child's lane, closed meanwhile
+        }
         // SAFETY: forwarded from the caller.
-        let slot = unsafe { self.system().slots.get_unchecked(class) };
+        let slot = unsafe { lane.slots.get_unchecked(class) };
         let until = slot.open_until.load(Relaxed);
         if hooks & (HOOK_ALLOC | HOOK_SAMPLE) == 0 {
             if until != OPEN {
-                self.set_open_until(class, OPEN, hooks);
+                self.set_open_until(lane, class, OPEN, hooks);
             }
             return SampleCharge::Skip;
         }
@@ -894,12 +936,12 @@ impl ThreadCache {
     /// stack frame for it.
     #[cold]
     #[inline(never)]
-    fn charge_due(&self, class: usize) -> SampleCharge {
-        let hooks = self.system().hooks.load(Relaxed);
-        if hooks & (HOOK_ALLOC | HOOK_SAMPLE) != HOOK_SAMPLE {
+    fn charge_due(&self, lane: &Lane, class: usize) -> SampleCharge {
+        let hooks = lane.hooks.load(Relaxed);
+        if hooks & (HOOK_ALLOC | HOOK_SAMPLE | HOOK_CLOSED) != HOOK_SAMPLE {
             return SampleCharge::General;
         }
-        let slot = &self.system().slots[class];
+        let slot = &lane.slots[class];
         let (count, until) = (
             slot.allocations.load(Relaxed),
             slot.open_until.load(Relaxed),
@@ -907,13 +949,20 @@ impl ThreadCache {
         if count < until {
             return SampleCharge::Skip;
         }
-        self.charge_sampled(class, hooks, count, until)
+        self.charge_sampled(lane, class, hooks, count, until)
     }
 
     /// [`charge`](Self::charge) when the class's countdown ran out or was never drawn.
     #[cold]
     #[inline(never)]
-    fn charge_sampled(&self, class: usize, hooks: u8, count: u64, until: u64) -> SampleCharge {
+    fn charge_sampled(
+        &self,
+        lane: &Lane,
+        class: usize,
+        hooks: u8,
+        count: u64,
+        until: u64,
+    ) -> SampleCharge {
         let Some(interval) = records::global::sample_interval() else {
             return SampleCharge::General; // the mode is changing: the hooks follow
         };
@@ -937,7 +986,7 @@ impl ThreadCache {
                 self.sample_rng.set(rng);
                 // This block is the first of `first`: the fast path serves the next
                 // `first - 2` and the one after misses here.
-                self.set_open_until(class, count.saturating_add(first - 1), hooks);
+                self.set_open_until(lane, class, count.saturating_add(first - 1), hooks);
                 return SampleCharge::Skip;
             }
             SampleCharge::Sampled(interval)
@@ -945,7 +994,7 @@ impl ThreadCache {
         // This block is sampled; the next sampled one is `blocks()` blocks after it.
         let next = blocks();
         self.sample_rng.set(rng);
-        self.set_open_until(class, count.saturating_add(next), hooks);
+        self.set_open_until(lane, class, count.saturating_add(next), hooks);
         charge
     }
 
@@ -955,11 +1004,11 @@ impl ThreadCache {
     /// the mark, fences, then reads the hooks. Sequentially consistent fences order the
     /// two: either the owner sees the new hooks (and closes the mark itself) or its store
     /// comes first in the mark's modification order (and the other thread's close wins).
-    fn set_open_until(&self, class: usize, until: u64, hooks: u8) {
-        let slot = &self.system().slots[class];
+    fn set_open_until(&self, lane: &Lane, class: usize, until: u64, hooks: u8) {
+        let slot = &lane.slots[class];
         slot.open_until.store(until, Relaxed);
         fence(SeqCst);
-        if self.system().hooks.load(Relaxed) != hooks {
+        if lane.hooks.load(Relaxed) != hooks {
             slot.open_until.store(CLOSED, Relaxed);
         }
     }
@@ -1127,7 +1176,7 @@ impl LockedThreads {
             // SAFETY: registered caches are valid while the registry lock is held.
             unsafe {
                 for (index, lane) in (*tc).used_lanes().skip(1) {
-                    set_lane_gate(lane, lanes::is_open(index));
+                    set_lane_gate(lane, lanes::gate(index));
                 }
                 tc = (*tc).next.load(Relaxed);
             }

@@ -93,6 +93,21 @@ pub(crate) fn thread_hooks() -> u8 {
     hooks
 }
 
+/// What a child's records settings `word` ask of its lane of the thread caches (see
+/// `crate::allocator::lanes`): `None` if it must close (records on, or records of any
+/// block may exist), else the hooks it needs ([`HOOK_FREE_SAMPLED`] while sampled records
+/// may exist, which the sample filter answers).
+pub(crate) fn child_lane_hooks(word: u64) -> Option<u8> {
+    if word & (super::ALLOC_HOOK | super::TRACK_ALL) != 0 {
+        return None;
+    }
+    Some(if word & super::TRACK_SAMPLED != 0 {
+        HOOK_FREE_SAMPLED
+    } else {
+        0
+    })
+}
+
 /// Whether a sampled record may exist for the block at `ptr` (false: certainly not).
 #[inline(always)]
 pub(crate) fn maybe_sampled(ptr: *mut u8) -> bool {

@@ -81,6 +81,9 @@ pub(super) struct BinSizing {
     /// 0 until the cache is registered and again once it is dead, so that the first free
     /// of a new cache, and every free of a dead one, takes the slow path.
     pub(super) limit: i32,
+    /// Child lanes: the class's unpublished blocks as the owner last saw them on a slow
+    /// path (see [`Lane::note_unpublished`]).
+    seen: i32,
 }
 
 /// One size class of a lane: its bin (owner-only) and its counts (owner writes, anyone
@@ -120,6 +123,9 @@ pub(crate) struct Lane {
     /// compare-and-swap, by the owner on its slow paths or by another thread that needs
     /// the exact figure (see `crate::allocator::lanes`).
     pub(super) published: [AtomicU32; CLASS_COUNT],
+    /// Child lanes, owner only: the unpublished bytes of every class, summed as the owner
+    /// last saw each on a slow path (see [`Lane::note_unpublished`]).
+    pending: UnsafeCell<isize>,
 }
 
 impl Lane {
@@ -142,9 +148,11 @@ impl Lane {
                 UnsafeCell::new(BinSizing {
                     refill: FIRST_REFILL,
                     limit: 0,
+                    seen: 0,
                 })
             }; CLASS_COUNT],
             published: [const { AtomicU32::new(0) }; CLASS_COUNT],
+            pending: UnsafeCell::new(0),
         }
     }
 
@@ -411,6 +419,45 @@ impl Lane {
                 }
                 Err(now) => published = now,
             }
+        }
+    }
+
+    /// On a slow path of the owner's: updates the lane's pending total with what `class`
+    /// has unpublished now, and returns the total (wrapping). Plain loads and stores, no
+    /// read-modify-write: the owner publishes (with [`take_unpublished`](Self::take_unpublished))
+    /// only once the total passes a threshold, then calls [`published_all`](Self::published_all).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`.
+    pub(super) unsafe fn note_unpublished(&self, class: usize) -> isize {
+        let slot = &self.slots[class];
+        let net = slot
+            .allocations
+            .load(Relaxed)
+            .wrapping_sub(slot.frees.load(Relaxed)) as u32;
+        let blocks = net.wrapping_sub(self.published[class].load(Acquire)) as i32;
+        // SAFETY: forwarded from the caller: the sizing and the total are the owner's.
+        unsafe {
+            let sizing = self.sizing(class);
+            let change = (blocks.wrapping_sub(sizing.seen)) as isize * class_size(class) as isize;
+            sizing.seen = blocks;
+            let pending = &mut *self.pending.get();
+            *pending = pending.wrapping_add(change);
+            *pending
+        }
+    }
+
+    /// After the owner published every class: the pending total starts again.
+    ///
+    /// # Safety
+    /// Owning thread.
+    pub(super) unsafe fn published_all(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            for class in 0..CLASS_COUNT {
+                self.sizing(class).seen = 0;
+            }
+            *self.pending.get() = 0;
         }
     }
 
