@@ -8,6 +8,9 @@ mod common;
 use core::alloc::Layout;
 use tagalloc::os::OsAllocator;
 use tagalloc::schema::HphaSchema;
+use tagalloc::{BlockAllocator, SystemAllocator};
+
+tagalloc::allocator!(Tagged: child of SystemAllocator, "misuse through a child's lane");
 
 const CASE_VAR: &str = "TAGALLOC_MISUSE_CASE";
 
@@ -52,6 +55,18 @@ fn child_entry_point() {
                 let a = heap.allocate(small).unwrap();
                 heap.deallocate(a.ptr.add(8), small);
             }
+            // Through a child of the `SystemAllocator`: its small blocks come from its
+            // lane of the thread cache (or its general path, without the thread pointer).
+            "double_free_child" => {
+                let a = Tagged.allocate_block(small).unwrap();
+                let _keep = Tagged.allocate_block(small).unwrap();
+                Tagged.deallocate_block(a.ptr, small);
+                Tagged.deallocate_block(a.ptr, small);
+            }
+            "interior_pointer_child" => {
+                let a = Tagged.allocate_block(small).unwrap();
+                Tagged.deallocate_block(a.ptr.add(8), small);
+            }
             other => panic!("unknown case {other}"),
         }
     }
@@ -86,6 +101,20 @@ fn freeing_a_large_block_as_small_is_reported() {
 fn double_free_of_a_small_block_is_reported_in_checked_builds() {
     let err = run_child("double_free_small");
     assert!(err.contains("tagalloc: fatal: double free"), "{err}");
+}
+
+#[test]
+#[cfg(any(debug_assertions, feature = "checked"))]
+fn double_free_through_a_child_is_reported_in_checked_builds() {
+    let err = run_child("double_free_child");
+    assert!(err.contains("tagalloc: fatal: double free"), "{err}");
+}
+
+#[test]
+#[cfg(any(debug_assertions, feature = "checked"))]
+fn freeing_an_interior_pointer_through_a_child_is_reported_in_checked_builds() {
+    let err = run_child("interior_pointer_child");
+    assert!(err.contains("not at its start"), "{err}");
 }
 
 #[test]
