@@ -12,24 +12,22 @@
 //! Instructions per pair (callgrind, deterministic; `examples/child_pairs.rs`, whose modes
 //! say how the layout reaches each call), before lanes (78d1b78) → with lanes:
 //!
-//! | layout, size               | system    | child                | grandchild |
-//! |----------------------------|----------:|---------------------:|-----------:|
-//! | const, 16 B and 1 KiB      | 47 → 45   | 89 → 47 (+4.4 %)     | 130 → 47   |
-//! | opaque, 16 B and 1 KiB     | 71 → 69   | 117 → 69 (+0 %)      | 156 → 72   |
-//! | hoisted, 16 B and 1 KiB    | 47 → 45   | 97 → 57 (+27 %)      | 139 → 57   |
-//! | opaque, 16 KiB             | 550 → 550 | 594 → 597 (+8.5 %)   | 633 → 630  |
+//! | layout, size                     | system    | child                | grandchild |
+//! |----------------------------------|----------:|---------------------:|-----------:|
+//! | const, 16 B and 1 KiB            | 47 → 45   | 89 → 47 (+4.4 %)     | 130 → 47   |
+//! | opaque, 16 B and 1 KiB           | 71 → 69   | 117 → 69 (+0 %)      | 156 → 72   |
+//! | hoisted, 16 B and 1 KiB          | 47 → 45   | 97 → 57 (+27 %)      | 139 → 57   |
+//! | batch of 64, 16 B                | 81 → 79   | 127 → 80 (+1.3 %)    | 168 → 82   |
+//! | batch of 64, 1 KiB               | 114 → 113 | 160 → 119 (+5.0 %)   | 201 → 121  |
+//! | opaque, 16 KiB (general path)    | 550 → 550 | 594 → 597 (+8.5 %)   | 633 → 630  |
 //!
-//! "hoisted" is this bench's own loop: one layout for the whole loop lets the compiler move
-//! the `SystemAllocator`'s size check and class lookup out of it, which the child's larger
-//! code keeps inside; "const" (a layout known at compile time, as for `Box<T>`) and
-//! "opaque" (computed per call) compare like with like. Timed (2-core shared VM, five runs
-//! of this bench, medians of the five): pairs of 16 B to 1 KiB are within the machine's
-//! noise of the `SystemAllocator`'s (child/system 0.99, 1.29, 1.13 at 16 B, 128 B, 1 KiB;
-//! through `Allocator` 0.88, 1.09, 1.04; the system's own pair ranged 2.6-3.7 ns across
-//! runs); batches of 64 are +2 % at 16 B and 128 B and +13 % at 1 KiB (each refill or
-//! overflow of a child's lane publishes the class's bytes into the child's shared figure,
-//! which the peak needs, and 1 KiB bins refill every few blocks); 16 KiB (general path)
-//! pairs +0.1 %, batches +16 %.
+//! "hoisted" is one layout for a whole loop: the compiler moves the `SystemAllocator`'s size
+//! check and class lookup out of it, which the child's larger code keeps inside; "const" (a
+//! layout known at compile time, as for `Box<T>`) and "opaque" (computed per call, what this
+//! bench does with `black_box`) compare like with like. A child's lane publishes its bytes
+//! into the child's shared figure (for the peak) once 64 KiB are pending, so its refills and
+//! overflows cost the batch a few plain instructions, not locked ones; timed, the batch of
+//! 64 at 1 KiB went from +25-41 % (publishing at every refill) to about +5 %.
 
 use allocator_api2::alloc::Allocator;
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
