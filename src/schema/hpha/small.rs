@@ -846,3 +846,41 @@ impl Default for SmallHeap {
         Self::new()
     }
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use core::ptr::without_provenance_mut;
+
+    /// Every block address maps to its page's header in the first page of its segment,
+    /// and back; headers of different pages, and the arrays' colours, do not overlap.
+    #[test]
+    fn headers_sit_in_the_first_page_and_map_back() {
+        for s in 1..=(2 * SEGMENT_COLOURS) {
+            let seg = s * SEGMENT_SIZE;
+            let array = header_array(seg);
+            assert!(array >= seg && array + HEADER_ARRAY <= seg + PAGE_SIZE);
+            assert_eq!(array % HEADER_ARRAY, 0);
+            let first: *mut PageHeader = page_of(without_provenance_mut(seg));
+            assert_eq!(first.addr(), array);
+            for index in 1..PAGES_PER_SEGMENT {
+                let base = seg + index * PAGE_SIZE;
+                let header = page_of(without_provenance_mut(base));
+                assert_eq!(header.addr(), array + index * HEADER_STRIDE);
+                for offset in [0, 8, PAGE_SIZE / 2, PAGE_SIZE - 8] {
+                    let in_page = page_of(without_provenance_mut(base + offset));
+                    assert_eq!(in_page, header);
+                }
+                assert_eq!(page_base(header).addr(), base);
+                assert_eq!(segment_of(header), first);
+            }
+        }
+        // Consecutive segments start their arrays at different colours.
+        let colours: Vec<usize> = (0..SEGMENT_COLOURS)
+            .map(|s| header_array(s * SEGMENT_SIZE) - s * SEGMENT_SIZE)
+            .collect();
+        for (i, a) in colours.iter().enumerate() {
+            assert!(!colours[i + 1..].contains(a));
+        }
+    }
+}
