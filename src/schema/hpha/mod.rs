@@ -2,7 +2,8 @@
 //!
 //! Two heaps behind one interface, chosen by the layout of each request:
 //! - `small`: requests up to 4 KiB (after rounding up to their alignment) come from
-//!   size-class pages whose header is found by masking the address;
+//!   size-class pages whose header is found from the address (in the first page of the
+//!   page's 2 MiB segment);
 //! - `large`: everything else comes from chunks managed with a red-black tree of free
 //!   blocks (`tree`), best fit with splitting and immediate coalescing, or from a mapping of
 //!   its own when very large or very aligned.
