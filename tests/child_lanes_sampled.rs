@@ -6,9 +6,11 @@
 //! stays open, its frees asking the sample filter. The records mode is process-wide: this
 //! binary has one test.
 
+mod common;
+
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use tagalloc::records::{self, RecordMode};
+use tagalloc::records::RecordMode;
 use tagalloc::{BlockAllocator, SystemAllocator};
 
 tagalloc::allocator!(Sampled: child of SystemAllocator, "a lane while the SystemAllocator samples");
@@ -25,13 +27,7 @@ fn lanes_expected() -> bool {
 
 /// The `SystemAllocator`'s sampled records of `SIZE`-byte requests: (count, estimated blocks).
 fn sampled_of_size() -> (usize, f64) {
-    let snapshot = records::snapshot();
-    let ours: Vec<_> = snapshot
-        .records_of("SystemAllocator")
-        .filter(|r| r.requested == SIZE)
-        .collect();
-    assert!(ours.iter().all(|r| r.sampled));
-    (ours.len(), ours.iter().map(|r| r.weight).sum())
+    common::sampled_records_of_size(SIZE)
 }
 
 fn allocate(layout: Layout) -> NonNull<u8> {

@@ -5,6 +5,8 @@
 //! already running.
 #![allow(clippy::vec_box)] // one allocation per block is the point
 
+mod common;
+
 use std::sync::{Mutex, mpsc};
 use std::thread;
 use tagalloc::SystemAllocator;
@@ -23,12 +25,14 @@ static TURN: Mutex<()> = Mutex::new(());
 /// Sampled records of `SIZE`-byte requests: (count, estimated blocks).
 fn sampled_of_size() -> (usize, f64) {
     let snapshot = records::snapshot();
-    let ours: Vec<_> = snapshot
+    let mut ours = snapshot
         .records_of("SystemAllocator")
-        .filter(|r| r.requested == SIZE)
-        .collect();
-    assert!(ours.iter().all(|r| r.sampled && r.size == SIZE));
-    (ours.len(), ours.iter().map(|r| r.weight).sum())
+        .filter(|r| r.requested == SIZE);
+    assert!(
+        ours.all(|r| r.size == SIZE),
+        "granted sizes of {SIZE}-byte requests"
+    );
+    common::sampled_records_of_size(SIZE)
 }
 
 fn allocate_blocks() -> Vec<Box<[u8; SIZE]>> {

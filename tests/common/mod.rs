@@ -1,6 +1,9 @@
 //! Helpers shared by test binaries (each `tests/*.rs` that needs one says `mod common;`).
+// Each binary uses some of the helpers, not all.
+#![allow(dead_code)]
 
 use std::process::Command;
+use tagalloc::records;
 
 /// Re-runs this test binary's `child_entry_point` test with `var=case` in the environment,
 /// asserts that the child did not exit cleanly (misuse must abort), and returns its stderr.
@@ -18,4 +21,16 @@ pub fn run_aborting_child(var: &str, case: &str) -> String {
         .unwrap();
     assert!(!out.status.success(), "case {case} should have aborted");
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The `SystemAllocator`'s sampled records of `requested`-byte requests, from a fresh
+/// records snapshot: (how many, the blocks they estimate). Asserts they are all samples.
+pub fn sampled_records_of_size(requested: usize) -> (usize, f64) {
+    let snapshot = records::snapshot();
+    let ours: Vec<_> = snapshot
+        .records_of("SystemAllocator")
+        .filter(|r| r.requested == requested)
+        .collect();
+    assert!(ours.iter().all(|r| r.sampled));
+    (ours.len(), ours.iter().map(|r| r.weight).sum())
 }
