@@ -191,6 +191,31 @@ pub fn render(opts: &Options, results: &Results, version: &str) -> String {
     out += "\nTrim hooks: tagalloc `SystemAllocator::garbage_collect()`, System \
             `malloc_trim(0)`, mimalloc `mi_collect(true)`, jemalloc tcache flush + `arena.<all>.purge`.\n";
 
+    // Peak spread: some peaks are bimodal across runs (prodcons: how full the channel got
+    // depends on how the two threads were scheduled), which a median alone hides.
+    out += "\n## Peak RSS over the rounds (MiB: min / median / max)\n\n";
+    let mut rows = vec![{
+        let mut h = vec!["workload".to_string()];
+        h.extend(allocs.iter().map(|a| a.to_string()));
+        h
+    }];
+    for w in &opts.workloads {
+        let mut row = vec![w.name.to_string()];
+        for a in allocs {
+            row.push(match get(w.name, a) {
+                None => "FAILED".into(),
+                Some(s) => {
+                    let peaks: Vec<f64> = s.iter().map(|x| x.peak_kib as f64).collect();
+                    let min = peaks.iter().copied().fold(f64::INFINITY, f64::min);
+                    let max = peaks.iter().copied().fold(0.0, f64::max);
+                    format!("{} / {} / {}", mib(min), mib(median(peaks)), mib(max))
+                }
+            });
+        }
+        rows.push(row);
+    }
+    out += &table(&rows);
+
     if !results.failures.is_empty() {
         out += "\n## Failures\n\n";
         for f in &results.failures {
