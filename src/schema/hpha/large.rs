@@ -16,6 +16,7 @@
 //! with `mremap` when reallocated.
 
 use super::purge::Cutoff;
+use super::small::SEGMENT_SIZE;
 use super::tree::{FreeTree, NODE_SIZE, Node};
 use crate::fatal::fatal;
 use crate::os::PageSource;
@@ -293,11 +294,17 @@ impl LargeState {
         else {
             return false;
         };
-        let len = need.max(CHUNK_SIZE);
+        // Whole 2 MiB regions at a 2 MiB boundary, as small-block segments are: a large block
+        // wrongly freed with a small layout then has its would-be page header (read within
+        // the first 64 KiB of its 2 MiB region) inside this mapping, so the check reports the
+        // misuse instead of faulting. Untouched address space costs no memory.
+        let Some(len) = need.max(CHUNK_SIZE).checked_next_multiple_of(SEGMENT_SIZE) else {
+            return false;
+        };
         // Chunks keep small pages: large blocks are mostly walked in order (little to gain
         // from huge pages), and a sparsely touched block would cost 2 MiB of zeroing and RSS
         // per huge page.
-        let base = source.map(len, granule, 0);
+        let base = source.map(len, SEGMENT_SIZE.max(granule), 0);
         if base.is_null() {
             return false;
         }
@@ -830,6 +837,9 @@ impl LargeHeap {
         unsafe {
             let mut chunk = st.chunks;
             while !chunk.is_null() {
+                if chunk.addr() % SEGMENT_SIZE != 0 || (*chunk).len % SEGMENT_SIZE != 0 {
+                    return Err("a chunk is not whole 2 MiB regions at a 2 MiB boundary");
+                }
                 let mut b: *mut Block = chunk.cast::<u8>().add(FIRST_BLOCK).cast();
                 let mut prev: *mut Block = chunk.cast::<u8>().add(CHUNK_HDR).cast();
                 let mut prev_free = false;
