@@ -81,6 +81,22 @@ fn a_lane_counts_exactly_on_one_thread() {
         lanes_expected(),
         "the child took a lane"
     );
+    // The reports say which children are on their lane.
+    let json: serde_json::Value = serde_json::from_str(&tagalloc::report::json()).unwrap();
+    let entry = json["allocators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "Exact")
+        .unwrap();
+    assert_eq!(entry["thread_cache_lane"], lanes_expected());
+    let tree = tagalloc::report::tree();
+    let line = tree.lines().find(|l| l.contains("Exact ")).unwrap();
+    assert_eq!(
+        line.contains("[thread-cache lane]"),
+        lanes_expected(),
+        "{line}"
+    );
     let st = Exact.stats();
     assert_eq!(st.live_blocks, start.live_blocks + 5_000);
     assert_eq!(

@@ -58,8 +58,8 @@ pub(super) fn render(snapshot: &Snapshot) -> String {
         number(&mut out, a.budget);
         let _ = write!(
             out,
-            ",\"over_budget\":{},\"budget_failures\":{}}}",
-            s.over_budget, s.budget_failures
+            ",\"over_budget\":{},\"budget_failures\":{},\"thread_cache_lane\":{}}}",
+            s.over_budget, s.budget_failures, a.thread_cache_lane
         );
     }
     let t = snapshot.totals();

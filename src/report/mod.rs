@@ -78,6 +78,10 @@ pub struct AllocatorSnapshot {
     pub stats: AllocatorStats,
     /// Byte budget, if one is set.
     pub budget: Option<usize>,
+    /// Whether the allocator, a child of the `SystemAllocator`, serves its small blocks from
+    /// an open lane of the thread caches (see
+    /// [`Registration::thread_cache_lane_open`](crate::Registration::thread_cache_lane_open)).
+    pub thread_cache_lane: bool,
     /// Reserved bytes not held by a direct child: see the [module docs](self).
     pub consumed_bytes: usize,
     /// Used bytes not handed to a direct child: the blocks this allocator serves to the
@@ -125,6 +129,7 @@ impl Snapshot {
                 parent_name: r.parent().map(Registration::name),
                 stats: r.stats(),
                 budget: r.budget().limit(),
+                thread_cache_lane: r.thread_cache_lane_open(),
                 consumed_bytes: 0,
                 own_used_bytes: 0,
                 depth: 0,
@@ -204,7 +209,7 @@ impl Snapshot {
     ///   "requested_bytes": null, "reserved_bytes": 0, "consumed_bytes": 0,
     ///   "live_blocks": 0, "allocations": 0, "frees": 0, "reallocations": 0,
     ///   "peak_bytes": null, "budget_bytes": null, "over_budget": 0,
-    ///   "budget_failures": 0}, …],
+    ///   "budget_failures": 0, "thread_cache_lane": false}, …],
     ///  "totals": {"used_bytes": 0, "reserved_bytes": 0, "consumed_bytes": 0}}
     /// ```
     pub fn to_json(&self) -> String {

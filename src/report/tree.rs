@@ -92,6 +92,11 @@ pub(super) fn write(snapshot: &Snapshot, out: &mut dyn io::Write) -> io::Result<
             ),
             None => String::new(),
         };
+        let budget = if a.thread_cache_lane {
+            format!("{budget} [thread-cache lane]")
+        } else {
+            budget
+        };
         // `{:<width$}` counts chars, and the tree glyphs are one char each.
         let pad = width - line.chars().count();
         writeln!(
