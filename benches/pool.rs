@@ -6,59 +6,15 @@
 //! The bump arena never frees: its "pair" is one allocation, with the arena reset every
 //! 4096 allocations; it is the floor any allocator that really frees can be held to.
 
+mod common;
+
+use common::{Alloc, Global};
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{Layout, System};
 use std::ptr::NonNull;
 use std::time::Duration;
 use tagalloc::SystemAllocator;
 use tagalloc::schema::{PoolSchema, ThreadPoolSchema};
-
-/// One allocator under test.
-trait Alloc {
-    fn alloc(&self, layout: Layout) -> NonNull<u8>;
-    /// # Safety
-    /// `ptr` must come from `alloc` with `layout`.
-    unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout);
-}
-
-struct Global<A: GlobalAlloc>(A);
-
-impl<A: GlobalAlloc> Alloc for Global<A> {
-    #[inline]
-    fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        // SAFETY: the benches use non-zero layouts.
-        NonNull::new(unsafe { self.0.alloc(layout) }).expect("out of memory")
-    }
-    #[inline]
-    unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded.
-        unsafe { self.0.dealloc(ptr.as_ptr(), layout) }
-    }
-}
-
-impl Alloc for PoolSchema<SystemAllocator> {
-    #[inline]
-    fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        self.allocate(layout).expect("out of memory").ptr
-    }
-    #[inline]
-    unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded.
-        unsafe { self.deallocate(ptr, layout) }
-    }
-}
-
-impl Alloc for ThreadPoolSchema<SystemAllocator> {
-    #[inline]
-    fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        self.allocate(layout).expect("out of memory").ptr
-    }
-    #[inline]
-    unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded.
-        unsafe { self.deallocate(ptr, layout) }
-    }
-}
 
 /// One alloc+free pair, touching the block so it is really used.
 #[inline]

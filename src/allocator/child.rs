@@ -374,9 +374,9 @@ impl<P: BlockAllocator> Child<P> {
         if P::THREAD_CACHE_LANES && layout.size() <= MAX_SMALL && layout.align() <= 8 {
             let units = layout.size().div_ceil(8);
             let class = CLASS_BY_UNITS[units] as usize;
-            // SAFETY: as in `allocate`; the block is a live small block of this class (the
-            // layout picks the same class as at its allocation, whatever path served it:
-            // every path gives small blocks at alignment ≤ 8 this class's slots).
+            // The layout picks the block's class whatever path served it: every path gives
+            // small blocks at alignment ≤ 8 this class's slots.
+            // SAFETY: as in `allocate`; the block is a live small block of this class.
             unsafe {
                 let lane = self.counters().lane_offset();
                 if thread_cache::lane_free(lane, ptr.as_ptr(), class, layout.size()) {

@@ -34,6 +34,7 @@
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::hpha::size_class::CLASS_COUNT;
+use crate::stats::{Counters, ShardSum};
 use crate::thread_cache::{
     self, CHILD_LANES, HOOK_ALLOC, HOOK_CLOSED, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_SAMPLE, LANES,
     Lane,
@@ -154,13 +155,14 @@ pub(crate) fn refresh() {
 }
 
 /// How far the unpublished granted bytes of a thread's lane, over every class, may go
-/// (either way) before its owner publishes them (as a shard does past its own threshold):
-/// the shared live figure, and the peak taken from it, is then off by less than this per
-/// thread and lane, plus what each class's bin moved since its last refill or overflow.
-pub(crate) const PUBLISH_BYTES: usize = 64 * 1024;
+/// (either way) before its owner publishes them, as far as a shard's may: the shared live
+/// figure, and the peak taken from it, is then off by less than this per thread and lane,
+/// plus what each class's bin moved since its last refill or overflow.
+pub(crate) const PUBLISH_BYTES: usize = Counters::PEAK_TOLERANCE_PER_THREAD;
 
-/// Publishes every class of `lane` (lane `index` of the calling thread's cache) with one
-/// addition to each owner's shared live figure.
+/// Publishes every class of `lane` (lane `index` of some thread's cache) with one addition
+/// to the shared live figure of the lane's owner and of each child above it (their peaks
+/// follow). Any thread may call this: each class's mark advances by compare-and-swap.
 pub(crate) fn publish_lane(index: usize, lane: &Lane) {
     let mut bytes = 0usize;
     for class in 0..CLASS_COUNT {
@@ -175,29 +177,10 @@ pub(crate) fn publish_lane(index: usize, lane: &Lane) {
     }
 }
 
-/// Publishes the granted bytes of `class` that `lane` (lane `index` of some thread's cache)
-/// has not published yet into the shared live figures of the lane's owner and the children
-/// above it (their peaks follow). Any thread may call this.
-pub(crate) fn publish(index: usize, lane: &Lane, class: usize) {
-    let bytes = lane.take_unpublished(class);
-    if bytes == 0 {
-        return;
-    }
-    if let Some(owner) = owner(index) {
-        for r in chain(owner) {
-            r.counters().publish_granted(bytes);
-        }
-    }
-}
-
-/// Publishes every class of lane `index` of every live thread's cache (a budget needs the
-/// exact live figure). Called with the thread registry locked.
+/// Publishes the lanes in `mask` (bit `i`: lane `i`) of every live thread's cache (a budget
+/// needs the exact live figure). Called with the thread registry locked.
 pub(crate) fn publish_all(threads: &thread_cache::LockedThreads, mask: u32) {
-    threads.for_each_lane(mask, |index, lane| {
-        for class in 0..CLASS_COUNT {
-            publish(index, lane, class);
-        }
-    });
+    threads.for_each_lane(mask, publish_lane);
 }
 
 /// Hands the counts of an exiting thread's lane `index` to the shared counters of its owner
@@ -207,45 +190,23 @@ pub(crate) fn absorb(index: usize, lane: &Lane) {
     let Some(owner) = owner(index) else {
         return;
     };
-    for class in 0..CLASS_COUNT {
-        publish(index, lane, class);
-    }
-    let (allocations, frees) = lane.calls();
-    let requested = lane.requested();
+    publish_lane(index, lane);
+    let mut sum = ShardSum::default();
+    lane.add_to(&mut sum);
     for r in chain(owner) {
-        r.counters().absorb_lane(allocations, frees, requested);
+        r.counters().absorb(&sum);
     }
 }
 
 // Lane masks (`Counters::lanes_below`) are 32 bits.
 const _: () = assert!(LANES <= 32);
 
-/// What a snapshot adds up over the lanes of one allocator's subtree.
-#[derive(Default)]
-pub(crate) struct LaneSum {
-    /// Granted bytes not yet published into the shared live figures (wrapping).
-    pub unpublished: usize,
-    /// Requested bytes (wrapping).
-    pub requested: usize,
-    pub allocations: u64,
-    pub frees: u64,
-}
-
-/// Adds up the lanes in `mask` (bit `i`: lane `i`) of every live thread's cache. Called
-/// with the thread registry locked.
-pub(crate) fn sum(threads: &thread_cache::LockedThreads, mask: u32) -> LaneSum {
-    let mut total = LaneSum::default();
-    threads.for_each_lane(mask, |_, lane| {
-        // `published` is read before the counts (see `Lane::unpublished_bytes`), and the
-        // shared live figure before both (by the caller): a publication running meanwhile is
-        // then missed, never counted twice.
-        total.unpublished = total.unpublished.wrapping_add(lane.unpublished_bytes());
-        total.requested = total.requested.wrapping_add(lane.requested());
-        let (allocations, frees) = lane.calls();
-        total.allocations = total.allocations.wrapping_add(allocations);
-        total.frees = total.frees.wrapping_add(frees);
-    });
-    total
+/// Adds the lanes in `mask` (bit `i`: lane `i`) of every live thread's cache to `sum`, as
+/// a snapshot adds the shards. Called with the thread registry locked, after the shared
+/// live figure was read: a publication running meanwhile is then missed, never counted
+/// twice.
+pub(crate) fn add_to(threads: &thread_cache::LockedThreads, mask: u32, sum: &mut ShardSum) {
+    threads.for_each_lane(mask, |_, lane| lane.add_to(sum));
 }
 
 #[cfg(test)]

@@ -52,11 +52,11 @@
 
 mod shard;
 
-pub(crate) use shard::ShardSet;
-use shard::{SHARD_BYTES, SLOTS, Shard, ShardSum};
+use shard::{SHARD_BYTES, SLOTS, Shard};
+pub(crate) use shard::{ShardSet, ShardSum};
 
 use crate::budget::Budget;
-use crate::lanes::{self, LaneSum};
+use crate::lanes;
 use crate::thread_cache;
 use core::sync::atomic::{
     AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
@@ -272,14 +272,6 @@ impl Counters {
     /// Includes lane `index` in this allocator's figures from now on.
     pub(crate) fn add_lane_below(&self, index: usize) {
         self.lanes_below.fetch_or(1 << index, Relaxed);
-    }
-
-    /// Adds the calls and requested bytes of an exiting thread's lane (its granted bytes
-    /// are already published) to the shared counters.
-    pub(crate) fn absorb_lane(&self, allocations: u64, frees: u64, requested: usize) {
-        self.live_requested.fetch_add(requested, Relaxed);
-        self.allocations.fetch_add(allocations, Relaxed);
-        self.frees.fetch_add(frees, Relaxed);
     }
 
     // ---- The sharded path (children, in the common case) ----
@@ -515,7 +507,8 @@ impl Counters {
         }
     }
 
-    /// Adds the counts of a retiring thread's shard (already published) to the shared ones.
+    /// Adds the counts of a retiring thread's shard or lane (already published) to the shared
+    /// ones.
     pub(crate) fn absorb(&self, sum: &ShardSum) {
         self.live_requested.fetch_add(sum.requested, Relaxed);
         self.allocations.fetch_add(sum.allocations, Relaxed);
@@ -640,28 +633,20 @@ impl Counters {
         let requested = self.live_requested.load(Relaxed);
         let reallocations = self.reallocations.load(Relaxed);
         let mut sum = ShardSum::default();
-        let mut lanes = LaneSum::default();
         if let Some(threads) = &threads {
             if slot < SLOTS {
                 threads.for_each_shards(|set| set.add_slot_to(slot, &mut sum));
             }
-            lanes = lanes::sum(threads, lanes_below);
+            lanes::add_to(threads, lanes_below, &mut sum);
         }
         drop(threads);
-        let frees = frees + sum.frees + lanes.frees;
-        let allocations = allocations + sum.allocations + lanes.allocations;
-        let live_granted_bytes = non_negative(
-            granted
-                .wrapping_add(sum.unpublished)
-                .wrapping_add(lanes.unpublished),
-        );
+        let frees = frees + sum.frees;
+        let allocations = allocations + sum.allocations;
+        let live_granted_bytes = non_negative(granted.wrapping_add(sum.unpublished));
         self.raise_peak(live_granted_bytes);
-        let requested = requested
-            .wrapping_add(sum.requested)
-            .wrapping_add(lanes.requested);
         AllocatorStats {
             live_granted_bytes,
-            live_requested_bytes: Some(non_negative(requested)),
+            live_requested_bytes: Some(non_negative(requested.wrapping_add(sum.requested))),
             live_blocks: allocations.saturating_sub(frees) as usize,
             allocations,
             frees,

@@ -686,10 +686,7 @@ pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool 
 #[inline(always)]
 pub(crate) fn charge_tls(class: usize) -> SampleCharge {
     // SAFETY: the cache is this thread's own; `class` comes from the class table.
-    CACHE.with(|tc| match unsafe { tc.charge(tc.system(), class) } {
-        SampleCharge::Due => tc.charge_due(tc.system(), class),
-        charge => charge,
-    })
+    CACHE.with(|tc| unsafe { tc.charge_settled(tc.system(), class) })
 }
 
 /// The small-free fast path of `SystemAllocator::dealloc`: pushes the block onto its bin.
@@ -769,10 +766,26 @@ pub(crate) fn lane_thread_offset(index: usize) -> Option<usize> {
 #[inline(always)]
 unsafe fn lane_of_thread(lane: usize) -> Option<&'static Lane> {
     let addr = thread_pointer::address_at(lane)?;
-    // SAFETY: the offset of one of the lanes of this thread's cache (the caller's
-    // contract), which lives as long as the thread; `'static` stands for "this thread's
-    // lifetime", and the reference never leaves the call that made it.
+    // `'static` stands for "this thread's lifetime": the reference never leaves the call.
+    // SAFETY: the offset of one of the lanes of this thread's cache (the caller's contract).
     Some(unsafe { &*(addr as *const Lane) })
+}
+
+/// A miss path's lane: the calling thread's lane at `lane` (see [`lane_of_thread`]) with its
+/// cache, if the cache is live and the lane serves calls (set up on the thread's first call
+/// through it, see `ThreadCache::open_lane`). `None`: the child takes its general path.
+///
+/// # Safety
+/// As for [`lane_of_thread`].
+unsafe fn lane_in_use(lane: usize) -> Option<(&'static ThreadCache, &'static Lane)> {
+    // SAFETY: forwarded from the caller.
+    let lane = unsafe { lane_of_thread(lane)? };
+    // SAFETY: the address is this thread's cache (see `thread_pointer`), as long-lived as
+    // the lane in it.
+    let tc = unsafe { &*(thread_pointer::cache_address()? as CacheRef) };
+    let usable = tc.state.get() == STATE_ACTIVE
+        && (lanes::serves(lane.hooks.load(Relaxed)) || tc.open_lane(lane));
+    usable.then_some((tc, lane))
 }
 
 /// A child's small allocation from its lane (`lane`: see [`lane_thread_offset`]): pops a
@@ -811,21 +824,11 @@ pub(crate) unsafe fn lane_allocate_missed(
     // SAFETY: as in `lane_allocate`; the cache is this thread's, live, and the lane open,
     // so its bins and marks are this thread's to refill and draw.
     unsafe {
-        let lane = lane_of_thread(lane)?;
-        let tc = &*(thread_pointer::cache_address()? as CacheRef);
-        let usable = |hooks| lanes::serves(hooks) || tc.open_lane(lane);
-        if tc.state.get() != STATE_ACTIVE || !usable(lane.hooks.load(Relaxed)) {
-            return None;
-        }
-        let sampled = match tc.charge(lane, class) {
-            SampleCharge::Skip => None,
+        let (tc, lane) = lane_in_use(lane)?;
+        let sampled = match tc.charge_settled(lane, class) {
             SampleCharge::Sampled(interval) => Some(interval),
-            SampleCharge::Due => match tc.charge_due(lane, class) {
-                SampleCharge::Sampled(interval) => Some(interval),
-                SampleCharge::General => return None,
-                SampleCharge::Skip | SampleCharge::Due => None,
-            },
             SampleCharge::General => return None,
+            SampleCharge::Skip | SampleCharge::Due => None,
         };
         let p = tc.allocate(lane, class);
         if let Some(ptr) = NonNull::new(p) {
@@ -873,15 +876,9 @@ pub(crate) unsafe fn lane_free_missed(
 ) -> bool {
     // SAFETY: as in `lane_allocate_missed`; the block is forwarded from the caller.
     unsafe {
-        let (Some(lane), Some(addr)) = (lane_of_thread(lane), thread_pointer::cache_address())
-        else {
+        let Some((tc, lane)) = lane_in_use(lane) else {
             return false;
         };
-        let tc = &*(addr as CacheRef);
-        let usable = |hooks| lanes::serves(hooks) || tc.open_lane(lane);
-        if tc.state.get() != STATE_ACTIVE || !usable(lane.hooks.load(Relaxed)) {
-            return false;
-        }
         if lane.hooks.load(Relaxed) & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr)
         {
             return false; // the general path removes its record
@@ -929,6 +926,19 @@ impl ThreadCache {
             return SampleCharge::Skip; // an empty bin, not a sample
         }
         SampleCharge::Due
+    }
+
+    /// [`charge`](Self::charge), with a [`SampleCharge::Due`] settled by
+    /// [`charge_due`](Self::charge_due): never `Due`.
+    ///
+    /// # Safety
+    /// As for [`charge`](Self::charge).
+    unsafe fn charge_settled(&self, lane: &Lane, class: usize) -> SampleCharge {
+        // SAFETY: forwarded from the caller.
+        match unsafe { self.charge(lane, class) } {
+            SampleCharge::Due => self.charge_due(lane, class),
+            charge => charge,
+        }
     }
 
     /// Settles a [`SampleCharge::Due`]: draws the class's next countdown and says whether

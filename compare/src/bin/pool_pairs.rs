@@ -13,59 +13,16 @@
 //! machine hits all alike; the table shows the median nanoseconds per pair (or per pair of a
 //! batch) over the rounds and the ratio to mimalloc.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "../../../benches/common/mod.rs"]
+mod common;
+
+use common::{Alloc, Global};
+use std::alloc::{Layout, System};
 use std::hint::black_box;
 use std::ptr::NonNull;
 use std::time::Instant;
 use tagalloc::SystemAllocator;
 use tagalloc::schema::{PoolSchema, ThreadPoolSchema};
-
-/// One allocator under test.
-trait Alloc {
-    fn alloc(&self, layout: Layout) -> NonNull<u8>;
-    /// # Safety
-    /// `ptr` must come from `alloc` with `layout`, and is freed once.
-    unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout);
-}
-
-struct Global<A: GlobalAlloc>(A);
-
-impl<A: GlobalAlloc> Alloc for Global<A> {
-    #[inline]
-    fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        // SAFETY: the layouts here have a non-zero size.
-        NonNull::new(unsafe { self.0.alloc(layout) }).expect("out of memory")
-    }
-    #[inline]
-    unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.0.dealloc(ptr.as_ptr(), layout) }
-    }
-}
-
-impl Alloc for PoolSchema<SystemAllocator> {
-    #[inline]
-    fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        self.allocate(layout).expect("out of memory").ptr
-    }
-    #[inline]
-    unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.deallocate(ptr, layout) }
-    }
-}
-
-impl Alloc for ThreadPoolSchema<SystemAllocator> {
-    #[inline]
-    fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        self.allocate(layout).expect("out of memory").ptr
-    }
-    #[inline]
-    unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.deallocate(ptr, layout) }
-    }
-}
 
 static THREAD_POOL: ThreadPoolSchema<SystemAllocator> =
     ThreadPoolSchema::new(SystemAllocator::new());

@@ -107,7 +107,7 @@ pub(crate) struct Shard {
     reallocations: AtomicU64,
 }
 
-/// What a reader adds up over the shards of one slot.
+/// What a reader adds up over the shards of one slot (and over an allocator's lanes).
 #[derive(Default)]
 pub(crate) struct ShardSum {
     /// Granted bytes not yet published into the shared live figure (wrapping).

@@ -11,6 +11,7 @@ use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, cold_path};
 use crate::records;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
 use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
+use crate::stats::ShardSum;
 use core::cell::UnsafeCell;
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
@@ -380,43 +381,45 @@ impl Lane {
         }
     }
 
+    /// The class's net allocations on this thread (allocations minus frees, low 32 bits):
+    /// what [`published`](Self::published) marks.
+    fn net_allocations(&self, class: usize) -> u32 {
+        self.net_frees(class).wrapping_neg() as u32
+    }
+
+    /// The class's blocks allocated on this thread and not yet published (negative when
+    /// more were freed). `published` is read first (Acquire): the counts read after it are
+    /// at least as new as the ones it was set from, so the difference never runs backwards.
+    fn unpublished_blocks(&self, class: usize) -> i32 {
+        let published = self.published[class].load(Acquire);
+        self.net_allocations(class).wrapping_sub(published) as i32
+    }
+
+    /// The granted bytes of `blocks` blocks of `class` (wrapping: negative stays negative).
+    fn bytes_of(class: usize, blocks: i32) -> usize {
+        (blocks as isize * class_size(class) as isize) as usize
+    }
+
     /// This lane's granted bytes on this thread not yet published, summed over the classes
     /// (wrapping: negative when more was freed here than allocated).
     pub(crate) fn unpublished_bytes(&self) -> usize {
-        let mut bytes = 0usize;
-        for (class, slot) in self.slots.iter().enumerate() {
-            // `published` first (Acquire): the counts read after it are at least as new as
-            // the ones it was set from, so the difference never runs backwards.
-            let published = self.published[class].load(Acquire);
-            let net = slot
-                .allocations
-                .load(Relaxed)
-                .wrapping_sub(slot.frees.load(Relaxed)) as u32;
-            let blocks = net.wrapping_sub(published) as i32 as isize;
-            bytes = bytes.wrapping_add((blocks * class_size(class) as isize) as usize);
-        }
-        bytes
+        (0..CLASS_COUNT).fold(0usize, |bytes, class| {
+            bytes.wrapping_add(Self::bytes_of(class, self.unpublished_blocks(class)))
+        })
     }
 
     /// Marks the net allocations of `class` as published; returns the granted bytes that
     /// were not yet (wrapping). Any thread: `published` advances by compare-and-swap, so
     /// every block's bytes are published exactly once.
     pub(crate) fn take_unpublished(&self, class: usize) -> usize {
-        let slot = &self.slots[class];
         let mut published = self.published[class].load(Acquire);
         loop {
-            let net = slot
-                .allocations
-                .load(Relaxed)
-                .wrapping_sub(slot.frees.load(Relaxed)) as u32;
+            let net = self.net_allocations(class);
             if net == published {
                 return 0;
             }
             match self.published[class].compare_exchange_weak(published, net, AcqRel, Acquire) {
-                Ok(_) => {
-                    let blocks = net.wrapping_sub(published) as i32 as isize;
-                    return (blocks * class_size(class) as isize) as usize;
-                }
+                Ok(_) => return Self::bytes_of(class, net.wrapping_sub(published) as i32),
                 Err(now) => published = now,
             }
         }
@@ -430,16 +433,11 @@ impl Lane {
     /// # Safety
     /// Owning thread; `class < CLASS_COUNT`.
     pub(super) unsafe fn note_unpublished(&self, class: usize) -> isize {
-        let slot = &self.slots[class];
-        let net = slot
-            .allocations
-            .load(Relaxed)
-            .wrapping_sub(slot.frees.load(Relaxed)) as u32;
-        let blocks = net.wrapping_sub(self.published[class].load(Acquire)) as i32;
+        let blocks = self.unpublished_blocks(class);
         // SAFETY: forwarded from the caller: the sizing and the total are the owner's.
         unsafe {
             let sizing = self.sizing(class);
-            let change = (blocks.wrapping_sub(sizing.seen)) as isize * class_size(class) as isize;
+            let change = Self::bytes_of(class, blocks.wrapping_sub(sizing.seen)) as isize;
             sizing.seen = blocks;
             let pending = &mut *self.pending.get();
             *pending = pending.wrapping_add(change);
@@ -461,23 +459,19 @@ impl Lane {
         }
     }
 
-    /// Allocations and frees counted in this lane, over every class.
-    pub(crate) fn calls(&self) -> (u64, u64) {
-        let (mut allocations, mut frees) = (0u64, 0u64);
+    /// Adds this lane's figures on this thread to `sum` (any thread), as a shard adds its
+    /// own: unpublished granted bytes, requested bytes, allocations and frees.
+    pub(crate) fn add_to(&self, sum: &mut ShardSum) {
+        sum.unpublished = sum.unpublished.wrapping_add(self.unpublished_bytes());
+        sum.requested = sum.requested.wrapping_add(self.requested.load(Relaxed));
         // Frees before allocations, so a pair made between the reads never counts as a
         // negative live block.
         for slot in &self.slots {
-            frees = frees.wrapping_add(slot.frees.load(Relaxed));
+            sum.frees = sum.frees.wrapping_add(slot.frees.load(Relaxed));
         }
         for slot in &self.slots {
-            allocations = allocations.wrapping_add(slot.allocations.load(Relaxed));
+            sum.allocations = sum.allocations.wrapping_add(slot.allocations.load(Relaxed));
         }
-        (allocations, frees)
-    }
-
-    /// The lane's requested bytes on this thread (wrapping).
-    pub(crate) fn requested(&self) -> usize {
-        self.requested.load(Relaxed)
     }
 
     /// Counts `size` requested bytes of a block the owner just took from this lane.

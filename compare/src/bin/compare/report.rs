@@ -130,12 +130,29 @@ fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> 
     table(&rows)
 }
 
+/// A table with a row per workload and a column per allocator, each cell `cell` of that
+/// run's samples ("FAILED" where it has none).
+fn sample_table(opts: &Options, results: &Results, cell: impl Fn(&[Sample]) -> String) -> String {
+    let mut header = vec!["workload".to_string()];
+    header.extend(opts.allocators.iter().map(|a| a.to_string()));
+    let mut rows = vec![header];
+    for w in &opts.workloads {
+        let mut row = vec![w.name.to_string()];
+        for &a in &opts.allocators {
+            row.push(
+                match results.samples.get(&(w.name, a)).filter(|s| !s.is_empty()) {
+                    None => "FAILED".into(),
+                    Some(s) => cell(s),
+                },
+            );
+        }
+        rows.push(row);
+    }
+    table(&rows)
+}
+
 /// The whole report for a run of the workloads.
 pub fn render(opts: &Options, results: &Results, version: &str) -> String {
-    let allocs = &opts.allocators;
-    let get = |w: &'static str, a: &'static str| -> Option<&Vec<Sample>> {
-        results.samples.get(&(w, a)).filter(|s| !s.is_empty())
-    };
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mut out = String::from("# tagalloc vs System vs mimalloc vs jemalloc\n\n");
     out += &format!(
@@ -159,62 +176,32 @@ pub fn render(opts: &Options, results: &Results, version: &str) -> String {
     out += "## RSS (median MiB: peak / end / end after trim hook)\n\n";
     out += "peak = VmHWM of the run; end = VmRSS once the workload freed everything (+50 ms); \
             after trim = VmRSS after the allocator's trim hook (+50 ms), `-` when it has none.\n\n";
-    let mut rows = vec![{
-        let mut h = vec!["workload".to_string()];
-        h.extend(allocs.iter().map(|a| a.to_string()));
-        h
-    }];
-    for w in &opts.workloads {
-        let mut row = vec![w.name.to_string()];
-        for a in allocs {
-            row.push(match get(w.name, a) {
-                None => "FAILED".into(),
-                Some(s) => {
-                    let m = |f: fn(&Sample) -> u64| median(s.iter().map(|x| f(x) as f64).collect());
-                    let trim = if s.iter().any(|x| x.trimmed) {
-                        mib(m(|x| x.trim_kib))
-                    } else {
-                        "-".into()
-                    };
-                    format!(
-                        "{} / {} / {}",
-                        mib(m(|x| x.peak_kib)),
-                        mib(m(|x| x.end_kib)),
-                        trim
-                    )
-                }
-            });
-        }
-        rows.push(row);
-    }
-    out += &table(&rows);
+    out += &sample_table(opts, results, |s| {
+        let m = |f: fn(&Sample) -> u64| median(s.iter().map(|x| f(x) as f64).collect());
+        let trim = if s.iter().any(|x| x.trimmed) {
+            mib(m(|x| x.trim_kib))
+        } else {
+            "-".into()
+        };
+        format!(
+            "{} / {} / {}",
+            mib(m(|x| x.peak_kib)),
+            mib(m(|x| x.end_kib)),
+            trim
+        )
+    });
     out += "\nTrim hooks: tagalloc `SystemAllocator::garbage_collect()`, System \
             `malloc_trim(0)`, mimalloc `mi_collect(true)`, jemalloc tcache flush + `arena.<all>.purge`.\n";
 
     // Peak spread: some peaks are bimodal across runs (prodcons: how full the channel got
     // depends on how the two threads were scheduled), which a median alone hides.
     out += "\n## Peak RSS over the rounds (MiB: min / median / max)\n\n";
-    let mut rows = vec![{
-        let mut h = vec!["workload".to_string()];
-        h.extend(allocs.iter().map(|a| a.to_string()));
-        h
-    }];
-    for w in &opts.workloads {
-        let mut row = vec![w.name.to_string()];
-        for a in allocs {
-            row.push(match get(w.name, a) {
-                None => "FAILED".into(),
-                Some(s) => {
-                    let peaks: Vec<f64> = s.iter().map(|x| x.peak_kib as f64).collect();
-                    let min = peaks.iter().copied().fold(f64::INFINITY, f64::min);
-                    let max = peaks.iter().copied().fold(0.0, f64::max);
-                    format!("{} / {} / {}", mib(min), mib(median(peaks)), mib(max))
-                }
-            });
-        }
-        rows.push(row);
-    }
-    out += &table(&rows);
+    out += &sample_table(opts, results, |s| {
+        let peaks: Vec<f64> = s.iter().map(|x| x.peak_kib as f64).collect();
+        let min = peaks.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = peaks.iter().copied().fold(0.0, f64::max);
+        format!("{} / {} / {}", mib(min), mib(median(peaks)), mib(max))
+    });
 
     if !results.failures.is_empty() {
         out += "\n## Failures\n\n";
