@@ -18,7 +18,7 @@
 //! | opaque, 16 B and 1 KiB           | 71 → 69   | 117 → 69 (+0 %)      | 156 → 72   |
 //! | hoisted, 16 B and 1 KiB          | 47 → 45   | 97 → 57 (+27 %)      | 139 → 57   |
 //! | batch of 64, 16 B                | 81 → 79   | 127 → 80 (+1.3 %)    | 168 → 82   |
-//! | batch of 64, 1 KiB               | 114 → 113 | 160 → 119 (+5.0 %)   | 201 → 121  |
+//! | batch of 64, 1 KiB               | 114 → 109 | 160 → 124 (+13 %)    | 201 → 125  |
 //! | opaque, 16 KiB (general path)    | 550 → 550 | 594 → 597 (+8.5 %)   | 633 → 630  |
 //!
 //! "hoisted" is one layout for a whole loop: the compiler moves the `SystemAllocator`'s size
@@ -27,7 +27,9 @@
 //! bench does with `black_box`) compare like with like. A child's lane publishes its bytes
 //! into the child's shared figure (for the peak) once 64 KiB are pending, so its refills and
 //! overflows cost the batch a few plain instructions, not locked ones; timed, the batch of
-//! 64 at 1 KiB went from +25-41 % (publishing at every refill) to about +5 %.
+//! 64 at 1 KiB went from +25-41 % (publishing at every refill) to about +5 %, then to +18 %
+//! (50 vs 59 ms, 7 interleaved runs) once the small-page headers moved (9be08af), which
+//! sped the `SystemAllocator`'s batches up more than the lanes' (not yet understood).
 
 use allocator_api2::alloc::Allocator;
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
