@@ -271,7 +271,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 page,
                 class,
                 &self.config,
-                core.uid,
+                core.key,
                 heap as *const ThreadHeap as *const u8,
             );
             Some(local.pages.allocate(class))
@@ -366,7 +366,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                                 page,
                                 class,
                                 &self.config,
-                                core.uid,
+                                core.key,
                                 fb as *const u8,
                             );
                             slot = local.pages.allocate(class);
@@ -419,7 +419,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         let page = page_of(slot, self.config.page_size());
         // SAFETY: for a block of this pool (the caller's contract) the page is a live page of
         // this pool; the check aborts on anything else it can recognise.
-        unsafe { check_owner(page, slot, class, marker(page, core.uid), &self.config) };
+        unsafe { check_owner(page, slot, class, marker(page, core.key), &self.config) };
         let elem = self.config.class_size(class);
         let Some(heap) = self.thread_heap(core) else {
             // SAFETY: forwarded from the caller; the owner check passed.

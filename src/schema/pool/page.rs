@@ -11,8 +11,10 @@
 //!
 //! Each class keeps its pages with free slots (partial) apart from its full pages, both in
 //! doubly linked lists, so every transition is O(1) and allocation only looks at the first
-//! partial page. A page that becomes empty leaves its class (unless it is the class's only
-//! partial page, to avoid thrashing at a boundary) and can then serve any class.
+//! partial page. (A page that hands out its last slot moves to the full list lazily, when
+//! the next allocation finds it exhausted, so the fast path has no fill check.) A page that
+//! becomes empty leaves its class (unless it is the class's only partial page, to avoid
+//! thrashing at a boundary) and can then serve any class.
 //!
 //! Nothing here counts bytes or talks to a parent: the schemas do that, and decide where
 //! empty pages go.
@@ -49,7 +51,7 @@ pub(crate) struct FreeSlot {
 /// The header at the start of every pool page.
 #[repr(C)]
 pub(crate) struct PageHeader {
-    /// `marker(page, uid)` while the page serves a class; 0 otherwise.
+    /// `marker(page, key)` while the page serves a class; 0 otherwise.
     marker: usize,
     /// LIFO list of freed slots.
     free: *mut FreeSlot,
@@ -79,10 +81,17 @@ pub(crate) struct PageHeader {
 pub(crate) const HEADER_FIXED: usize = core::mem::size_of::<PageHeader>().next_multiple_of(8);
 const _: () = assert!(HEADER_FIXED <= 128);
 
-/// The marker a page of the pool with unique id `uid` carries while it serves a class.
+/// The key of the pool with unique id `uid`: with a page's address, it gives the marker
+/// the page carries while it serves a class ([`marker`]). Computed once per pool.
 #[inline]
-pub(crate) fn marker(page: *mut PageHeader, uid: usize) -> usize {
-    PAGE_MAGIC ^ page.addr() ^ uid.wrapping_mul(0xff51_afd7_ed55_8ccd)
+pub(crate) const fn marker_key(uid: usize) -> usize {
+    PAGE_MAGIC ^ uid.wrapping_mul(0xff51_afd7_ed55_8ccd)
+}
+
+/// The marker a page of the pool with marker key `key` carries while it serves a class.
+#[inline]
+pub(crate) fn marker(page: *mut PageHeader, key: usize) -> usize {
+    page.addr() ^ key
 }
 
 /// The page holding a pool block.
@@ -164,6 +173,53 @@ unsafe fn live_bit(page: *mut PageHeader, slot: *mut u8) -> (*mut u64, u64) {
         let index = (slot.addr() - page.addr()) >> (*page).shift;
         let word = page.byte_add(HEADER_FIXED).cast::<u64>().add(index / 64);
         (word, 1u64 << (index % 64))
+    }
+}
+
+/// Checked builds: aborts unless `slot` is the start of a live slot of `page`, and marks it
+/// free in the bitmap.
+///
+/// # Safety
+/// `page` must be a formatted page of a checked build and `slot` a pointer into it.
+#[inline]
+unsafe fn check_live_and_clear(page: *mut PageHeader, slot: *mut u8, cfg: &PoolConfig) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let elem = (*page).elem as usize;
+        let end = page.addr() + cfg.page_size();
+        let first = end - (*page).capacity as usize * elem;
+        if slot.addr() < first || (end - slot.addr()) % elem != 0 {
+            fatal!(
+                "pool '{}': free of {:p}, which is inside a {}-byte block, not at its start",
+                cfg.name(),
+                slot,
+                elem
+            );
+        }
+        let (word, bit) = live_bit(page, slot);
+        if *word & bit == 0 {
+            fatal!(
+                "pool '{}': double free of {:p} ({}-byte block)",
+                cfg.name(),
+                slot,
+                elem
+            );
+        }
+        *word &= !bit;
+    }
+}
+
+/// Pushes a freed slot on its page's free list (the caller updates `used`).
+///
+/// # Safety
+/// `page` must be a formatted page and `slot` one of its slots, no longer live.
+#[inline(always)]
+unsafe fn push_free(page: *mut PageHeader, slot: *mut u8) {
+    let s: *mut FreeSlot = slot.cast();
+    // SAFETY: the slot is free, so its first word is the list link; the header is valid.
+    unsafe {
+        (*s).next = (*page).free;
+        (*page).free = s;
     }
 }
 
@@ -302,6 +358,11 @@ impl Pages {
 
     /// Takes a slot from the class's first partial page; null when the class has none.
     ///
+    /// The fast path pops the first page's free list and nothing else. A page that hands out
+    /// its last slot stays at the front of the partial list until the next allocation finds
+    /// it exhausted and moves it to the full list ([`allocate_slow`](Self::allocate_slow)),
+    /// so the common case has no fill check.
+    ///
     /// # Safety
     /// `class` must be below the configuration's class count; the heap's pages are valid.
     #[inline]
@@ -310,29 +371,63 @@ impl Pages {
         if page.is_null() {
             return null_mut();
         }
-        // SAFETY: pages in a partial list are valid, formatted, and have a free slot.
+        // SAFETY: pages in a partial list are valid and formatted; a non-null free list holds
+        // free slots of the page.
         unsafe {
             let free = (*page).free;
-            let slot: *mut u8 = if !free.is_null() {
-                (*page).free = (*free).next;
-                free.cast()
-            } else {
-                let s = (*page).bump;
-                (*page).bump = s.add((*page).elem as usize);
-                s
-            };
-            (*page).used += 1;
-            if (*page).used == (*page).capacity {
-                let lists = &mut self.classes[class];
-                unlink(&mut lists.partial, page);
-                push_front(&mut lists.full, page);
-                (*page).full = true;
+            if free.is_null() {
+                return self.allocate_slow(class);
             }
+            (*page).free = (*free).next;
+            (*page).used += 1;
+            let slot: *mut u8 = free.cast();
             if CHECKED {
                 let (word, bit) = live_bit(page, slot);
                 *word |= bit;
             }
             slot
+        }
+    }
+
+    /// The allocation path past an empty free list: takes a never-used slot of the first
+    /// partial page, moving exhausted pages to the full list on the way; null when the class
+    /// has no page with a free slot.
+    ///
+    /// # Safety
+    /// As for [`allocate`](Self::allocate).
+    #[inline(never)]
+    unsafe fn allocate_slow(&mut self, class: usize) -> *mut u8 {
+        loop {
+            let page = self.classes[class].partial;
+            if page.is_null() {
+                return null_mut();
+            }
+            // SAFETY: pages in a partial list are valid and formatted. A page with no free
+            // slot in its list and `used < capacity` has never-used slots from `bump` on
+            // (used + listed + never-used = capacity).
+            unsafe {
+                let free = (*page).free;
+                let slot: *mut u8 = if !free.is_null() {
+                    (*page).free = (*free).next;
+                    free.cast()
+                } else if (*page).used < (*page).capacity {
+                    let s = (*page).bump;
+                    (*page).bump = s.add((*page).elem as usize);
+                    s
+                } else {
+                    let lists = &mut self.classes[class];
+                    unlink(&mut lists.partial, page);
+                    push_front(&mut lists.full, page);
+                    (*page).full = true;
+                    continue;
+                };
+                (*page).used += 1;
+                if CHECKED {
+                    let (word, bit) = live_bit(page, slot);
+                    *word |= bit;
+                }
+                return slot;
+            }
         }
     }
 
@@ -346,7 +441,7 @@ impl Pages {
         page: *mut PageHeader,
         class: usize,
         cfg: &PoolConfig,
-        uid: usize,
+        key: usize,
         owner: *const u8,
     ) {
         let elem = cfg.class_size(class);
@@ -357,7 +452,7 @@ impl Pages {
         // `header_size` bytes, below the first slot.
         unsafe {
             page.write(PageHeader {
-                marker: marker(page, uid),
+                marker: marker(page, key),
                 free: null_mut(),
                 bump: page.cast::<u8>().add(page_size - capacity * elem),
                 next: null_mut(),
@@ -398,29 +493,42 @@ impl Pages {
         // SAFETY: the page is a formatted page of this heap; `slot` points into it.
         unsafe {
             if CHECKED {
-                let elem = (*page).elem as usize;
-                let end = page.addr() + cfg.page_size();
-                let first = end - (*page).capacity as usize * elem;
-                if slot.addr() < first || (end - slot.addr()) % elem != 0 {
-                    fatal!(
-                        "pool '{}': free of {:p}, which is inside a {}-byte block, not at its \
-                         start",
-                        cfg.name(),
-                        slot,
-                        elem
-                    );
-                }
-                let (word, bit) = live_bit(page, slot);
-                if *word & bit == 0 {
-                    fatal!(
-                        "pool '{}': double free of {:p} ({}-byte block)",
-                        cfg.name(),
-                        slot,
-                        elem
-                    );
-                }
-                *word &= !bit;
+                check_live_and_clear(page, slot, cfg);
             }
+            let used = (*page).used;
+            if !(*page).full {
+                // Stays in its list: it keeps live blocks, or it is its class's only
+                // partial page (an alloc+free pair in a quiet class).
+                if used > 1
+                    || (used == 1 && {
+                        let lists = &self.classes[(*page).class as usize];
+                        lists.partial == page && (*page).next.is_null()
+                    })
+                {
+                    push_free(page, slot);
+                    (*page).used = used - 1;
+                    return false;
+                }
+            }
+            self.free_moving(page, slot, cfg)
+        }
+    }
+
+    /// [`free`](Self::free) of a block whose page changes list: out of the full list, or out
+    /// of its class once empty (unless it is the class's only partial page, to avoid
+    /// thrashing at a boundary). Also where a free in a page with no live block ends.
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free), with the checked-build bitmap already updated.
+    #[inline(never)]
+    unsafe fn free_moving(
+        &mut self,
+        page: *mut PageHeader,
+        slot: *mut u8,
+        cfg: &PoolConfig,
+    ) -> bool {
+        // SAFETY: the page is a formatted page of this heap; `slot` points into it.
+        unsafe {
             if (*page).used == 0 {
                 fatal!(
                     "pool '{}': free of {:p} in a page with no live block (double free)",
@@ -428,9 +536,7 @@ impl Pages {
                     slot
                 );
             }
-            let s: *mut FreeSlot = slot.cast();
-            (*s).next = (*page).free;
-            (*page).free = s;
+            push_free(page, slot);
             (*page).used -= 1;
             let class = (*page).class as usize;
             let lists = &mut self.classes[class];
@@ -546,7 +652,10 @@ impl Pages {
                         if (*page).prev != prev {
                             return Err("broken back link");
                         }
-                        if (*page).full != full || ((*page).used == (*page).capacity) != full {
+                        // A page that handed out its last slot waits in the partial list
+                        // until an allocation finds it exhausted, so only full pages have a
+                        // fill to check.
+                        if (*page).full != full || (full && (*page).used != (*page).capacity) {
                             return Err("page in the wrong list for its fill");
                         }
                         if (*page).elem as usize != cfg.class_size(c) {

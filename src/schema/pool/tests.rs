@@ -394,3 +394,34 @@ fn miri_pool_can_move_between_threads() {
     .unwrap();
     assert_eq!(pool.stats().live_blocks, 0);
 }
+
+/// The class lookup (a shift for ordinary alignments, rounding for larger ones) agrees with
+/// its definition, "the smallest class at least the size and a multiple of the alignment",
+/// for every size and alignment around the edges of several geometries.
+#[test]
+fn miri_class_of_matches_its_definition() {
+    // Under Miri, the small geometry only (the whole sweep takes minutes there).
+    let geometries = [
+        PoolConfig::new(1024, 64, 256).unwrap(),
+        PoolConfig::DEFAULT,
+        PoolConfig::new(65536, 16, 1024).unwrap(),
+    ];
+    for cfg in &geometries[..if cfg!(miri) { 1 } else { 3 }] {
+        for align in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048] {
+            for size in 0..=cfg.max_size() + 2 * align {
+                let Ok(l) = Layout::from_size_align(size, align) else {
+                    continue;
+                };
+                let expected = (1..=cfg.class_count()).find(|&k| {
+                    let block = k * cfg.min_size();
+                    block >= size && block % align == 0
+                });
+                assert_eq!(
+                    cfg.class_of(l),
+                    expected.map(|k| k - 1),
+                    "size {size} align {align} in {cfg:?}"
+                );
+            }
+        }
+    }
+}

@@ -22,7 +22,7 @@
 //! Nothing here calls the parent allocator; the generic schema does, outside any lock.
 
 use crate::schema::pool::PoolConfig;
-use crate::schema::pool::page::{EmptyList, FreeSlot, PageHeader, Pages, page_of};
+use crate::schema::pool::page::{EmptyList, FreeSlot, PageHeader, Pages, marker_key, page_of};
 use crate::sync::{SpinGuard, SpinLock};
 use core::cell::UnsafeCell;
 use core::ptr::null_mut;
@@ -105,6 +105,8 @@ pub(crate) struct Core {
     pub(crate) config: PoolConfig,
     /// Unique id of the schema (page markers, thread-local table entries).
     pub(crate) uid: usize,
+    /// The page-marker key made from `uid`.
+    pub(crate) key: usize,
     /// Index in the thread-local tables, or `registry::NO_SLOT`.
     pub(crate) slot: usize,
     pub(crate) lock: SpinLock<Shared>,
@@ -199,6 +201,7 @@ impl Core {
         Self {
             config,
             uid,
+            key: marker_key(uid),
             slot,
             lock: SpinLock::new(Shared::new()),
             heaps: AtomicPtr::new(null_mut()),
