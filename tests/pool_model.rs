@@ -1,7 +1,8 @@
 //! Model test of the pool schema: random alloc / free / collect sequences on random valid
 //! geometries, checked against a shadow model. No two live blocks overlap, every pointer is
 //! aligned, contents survive until freed, refusals are exactly the out-of-range requests,
-//! and the statistics (and the parent's page count) equal what the model says.
+//! and the statistics (and the parent's page count) equal what the model says. Sequences run
+//! long enough for the pool's per-class caches of freed blocks to fill and trim.
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -126,6 +127,12 @@ fn run(cfg: PoolConfig, ops: Vec<Op>) {
             }
             Op::Collect => pool.garbage_collect(),
         }
+        // The figures are read at some steps only: reading them gives the freed blocks the
+        // pool caches back to their pages, and the cache must get to fill and trim too.
+        pool.validate().unwrap();
+        if step % 8 != 7 {
+            continue;
+        }
         let st = pool.stats();
         assert_eq!(st.allocations, expect.allocations);
         assert_eq!(st.frees, expect.frees);
@@ -135,7 +142,6 @@ fn run(cfg: PoolConfig, ops: Vec<Op>) {
         assert_eq!(st.peak_granted_bytes, expect.peak_granted_bytes);
         assert_eq!(st.pages, parent.live.load(Relaxed));
         assert_eq!(st.reserved_bytes, st.pages * cfg.page_size());
-        pool.validate().unwrap();
     }
     for (_, (ptr, l)) in std::mem::take(&mut live) {
         // SAFETY: as above.
@@ -151,7 +157,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
-    fn pool_matches_its_model(cfg in config_strategy(), ops in prop::collection::vec(op_strategy(), 1..300)) {
+    fn pool_matches_its_model(cfg in config_strategy(), ops in prop::collection::vec(op_strategy(), 1..600)) {
         run(cfg, ops);
     }
 }

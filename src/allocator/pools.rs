@@ -115,7 +115,7 @@ impl<P: PageParent + Send> PoolCore<P> {
         let schema = self.schema.lock();
         let block = schema.allocate(layout)?;
         if budget.limit().is_some() {
-            let live = schema.stats().granted_bytes;
+            let live = schema.granted_bytes();
             if budget.exceeded_by(live) {
                 let refuse = budget.enforced();
                 if refuse {

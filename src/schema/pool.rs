@@ -11,17 +11,22 @@
 //! the page engine in `pool/page.rs`, the configuration ([`PoolConfig`]) and the statistics
 //! ([`PoolStats`]).
 
+pub(crate) mod bins;
 pub(crate) mod page;
 
 use super::{Allocation, PageParent};
 use crate::fatal::{StackText, fatal, write_stderr};
 use crate::system::SystemAllocator;
+use bins::Bins;
 use core::alloc::Layout;
 use core::cell::UnsafeCell;
 use core::fmt::{self, Write};
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
-use page::{HEADER_FIXED, PageHeader, Pages, check_owner, marker, marker_key, page_of};
+use page::{
+    CHECKED, HEADER_FIXED, PageHeader, Pages, check_live_and_clear, check_owner, mark_live, marker,
+    marker_key, page_of,
+};
 
 pub use page::MAX_CLASSES;
 
@@ -385,7 +390,12 @@ pub struct PoolStats {
     /// Pages held from the parent.
     pub pages: usize,
     /// Of those, pages serving no size class (kept for reuse; `garbage_collect` returns
-    /// them).
+    /// them). Freed blocks wait in per-class bins before going back to their pages (see
+    /// [`PoolSchema`]), so a page whose blocks all wait there is counted once they go back:
+    /// a [`PoolSchema`] sends them back before answering, a [`ThreadPoolSchema`]'s thread
+    /// when it next needs a page, is collected, or exits.
+    ///
+    /// [`ThreadPoolSchema`]: crate::schema::thread_pool::ThreadPoolSchema
     pub free_pages: usize,
     /// Bytes of bookkeeping held from the parent (per-thread heaps of a thread pool; 0 for a
     /// [`PoolSchema`]).
@@ -444,6 +454,11 @@ pub(crate) fn class_for_free(cfg: &PoolConfig, ptr: NonNull<u8>, layout: Layout)
 
 /// A single-threaded pool of fixed size classes with pages from a parent.
 ///
+/// A freed block first waits in its class's bin (up to 16 KiB of blocks, 8 to 64 of them),
+/// and the next allocation of the class takes it from there without touching a page. Bins
+/// never make the pool grow: before asking the parent for a page, the pool gives the waiting
+/// blocks back to their pages, and so do `garbage_collect` and `stats`.
+///
 /// ```
 /// use core::alloc::Layout;
 /// use tagalloc::schema::pool::{PoolConfig, PoolSchema};
@@ -480,6 +495,8 @@ pub struct PoolSchema<P: PageParent = SystemAllocator> {
 
 #[repr(C)]
 struct PoolState {
+    /// Freed blocks waiting for reuse, in front of the pages.
+    bins: Bins,
     pages: Pages,
     // The counters are laid out so that no two updated by the same call are neighbours:
     // otherwise the compiler merges their updates into one 16-byte load and store, and the
@@ -514,6 +531,7 @@ impl<P: PageParent> PoolSchema<P> {
             config,
             refusal_noted: core::cell::Cell::new(false),
             state: UnsafeCell::new(PoolState {
+                bins: Bins::new(&config),
                 pages: Pages::new(),
                 key: 0,
                 granted: 0,
@@ -546,8 +564,19 @@ impl<P: PageParent> PoolSchema<P> {
             return None;
         };
         // SAFETY: `!Sync`: only this thread is in the pool, and no other borrow of the state
-        // is live (none is kept across calls).
-        let mut slot = unsafe { (*self.state.get()).pages.allocate(class) };
+        // is live (none is kept across calls); `class` is below the class count.
+        let mut slot = unsafe {
+            let st = &mut *self.state.get();
+            let cached = st.bins.pop(class);
+            if cached.is_null() {
+                st.pages.allocate(class)
+            } else {
+                if CHECKED {
+                    mark_live(cached, self.config.page_size());
+                }
+                cached
+            }
+        };
         if slot.is_null() {
             slot = self.allocate_slow(class)?;
         }
@@ -571,8 +600,18 @@ impl<P: PageParent> PoolSchema<P> {
     /// slot from it.
     #[cold]
     fn allocate_slow(&self, class: usize) -> Option<*mut u8> {
-        // SAFETY: as in `allocate`; the borrow ends before the parent is called.
-        let reused = unsafe { (*self.state.get()).pages.pop_empty() };
+        // SAFETY: as in `allocate`; the borrow ends before the parent is called. The bins hold
+        // only blocks of this pool's pages.
+        let reused = unsafe {
+            let st = &mut *self.state.get();
+            match st.pages.pop_empty() {
+                Some(page) => Some(page),
+                // Cached blocks of other classes may be all that keeps a page from
+                // emptying: give them back before growing the pool.
+                None if st.bins.flush(&mut st.pages, &self.config) > 0 => st.pages.pop_empty(),
+                None => None,
+            }
+        };
         let page = match reused {
             Some(page) => page,
             None => {
@@ -624,8 +663,11 @@ impl<P: PageParent> PoolSchema<P> {
                 marker(page, st.key),
                 &self.config,
             );
-            if st.pages.free(page, ptr.as_ptr(), &self.config) {
-                st.pages.push_empty(page);
+            if CHECKED {
+                check_live_and_clear(page, ptr.as_ptr(), &self.config);
+            }
+            if st.bins.push(class, ptr.as_ptr()) {
+                st.bins.trim(class, &mut st.pages, &self.config);
             }
         }
         st.frees += 1;
@@ -635,8 +677,13 @@ impl<P: PageParent> PoolSchema<P> {
 
     /// Returns every page with no live block to the parent.
     pub fn garbage_collect(&self) {
-        // SAFETY: `!Sync`; the borrow ends before the parent is called.
-        unsafe { (*self.state.get()).pages.collect_empty_partials() };
+        // SAFETY: `!Sync`; the borrow ends before the parent is called. The bins hold only
+        // blocks of this pool's pages.
+        unsafe {
+            let st = &mut *self.state.get();
+            st.bins.flush(&mut st.pages, &self.config);
+            st.pages.collect_empty_partials();
+        }
         loop {
             // SAFETY: as above.
             let page = unsafe { (*self.state.get()).pages.pop_empty() };
@@ -653,10 +700,23 @@ impl<P: PageParent> PoolSchema<P> {
         }
     }
 
-    /// A snapshot of the pool's counters (exact: the pool is single-threaded).
-    pub fn stats(&self) -> PoolStats {
+    /// Bytes granted to live blocks: `stats().granted_bytes`, without the rest of the
+    /// snapshot (for a budget check on every allocation).
+    #[inline]
+    pub fn granted_bytes(&self) -> usize {
         // SAFETY: `!Sync`; a shared read that ends before returning.
-        let st = unsafe { &*self.state.get() };
+        unsafe { (*self.state.get()).granted }
+    }
+
+    /// A snapshot of the pool's counters (exact: the pool is single-threaded). Gives the
+    /// freed blocks waiting for reuse back to their pages first, so `free_pages` counts every
+    /// page with no live block.
+    pub fn stats(&self) -> PoolStats {
+        // SAFETY: `!Sync`; the borrow ends before returning. The bins hold only blocks of
+        // this pool's pages.
+        let st = unsafe { &mut *self.state.get() };
+        // SAFETY: as above.
+        unsafe { st.bins.flush(&mut st.pages, &self.config) };
         PoolStats {
             granted_bytes: st.granted,
             requested_bytes: st.requested,
@@ -676,8 +736,10 @@ impl<P: PageParent> PoolSchema<P> {
     pub fn validate(&self) -> Result<(), &'static str> {
         // SAFETY: `!Sync`; a shared read that ends before returning.
         let st = unsafe { &*self.state.get() };
-        let (live, pages) = st.pages.validate(&self.config)?;
-        if live as u64 != st.allocations - st.frees {
+        let cached = st.bins.validate(&self.config)?;
+        let (used, pages) = st.pages.validate(&self.config)?;
+        // Pages count cached blocks as used.
+        if used.checked_sub(cached).map(|live| live as u64) != Some(st.allocations - st.frees) {
             return Err("live slots differ from the block count");
         }
         if pages != st.held_pages {

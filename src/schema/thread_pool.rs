@@ -25,7 +25,10 @@
 mod heap;
 mod registry;
 
-use super::pool::page::{EmptyList, PageHeader, check_owner, marker, owner_of, page_of};
+use super::pool::page::{
+    CHECKED, EmptyList, PageHeader, check_live_and_clear, check_owner, mark_live, marker, owner_of,
+    page_of,
+};
 use super::pool::{PoolConfig, PoolStats, class_for_free, next_uid, report_refused};
 use super::{Allocation, PageParent};
 use crate::fatal::fatal;
@@ -47,6 +50,11 @@ pub use registry::SLOTS;
 /// on first use), and usable from any thread at any time, including from thread-local
 /// destructors. Up to [`SLOTS`] thread pools can have per-thread heaps at once; pools beyond
 /// that (and threads whose thread-locals are gone) are served by a shared heap under a lock.
+///
+/// Blocks a thread frees into its own heap wait in per-class bins, as in a [`PoolSchema`],
+/// until the thread needs a page, is collected or exits.
+///
+/// [`PoolSchema`]: crate::schema::pool::PoolSchema
 ///
 /// ```
 /// use core::alloc::Layout;
@@ -139,7 +147,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         // refers to them until the core is published by the CAS below.
         unsafe {
             core.write(Core::new(self.config, uid, slot));
-            fallback.write(ThreadHeap::new(core));
+            fallback.write(ThreadHeap::new(core, &self.config));
             (*core).fallback = fallback;
             (*core).bookkeeping.store(
                 Layout::new::<Core>().size() + Layout::new::<ThreadHeap>().size(),
@@ -192,7 +200,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 let heap = mem.as_ptr().cast::<ThreadHeap>();
                 // SAFETY: fresh memory sized and aligned for a heap; published under the lock.
                 unsafe {
-                    heap.write(ThreadHeap::new(core));
+                    heap.write(ThreadHeap::new(core, &self.config));
                     let held = core.lock.lock();
                     core.link_heap(heap, &held);
                 }
@@ -225,8 +233,20 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         let Some(heap) = self.thread_heap(core) else {
             return self.allocate_fallback(core, class, layout);
         };
-        // SAFETY: this thread is the heap's user; the borrow ends before any other.
-        let mut slot = unsafe { heap.local().pages.allocate(class) };
+        // SAFETY: this thread is the heap's user; the borrow ends before any other. `class`
+        // is below the class count.
+        let mut slot = unsafe {
+            let local = heap.local();
+            let cached = local.bins.pop(class);
+            if cached.is_null() {
+                local.pages.allocate(class)
+            } else {
+                if CHECKED {
+                    mark_live(cached, self.config.page_size());
+                }
+                cached
+            }
+        };
         if slot.is_null() {
             slot = self.refill(core, heap, class)?;
         }
@@ -259,7 +279,13 @@ impl<P: PageParent> ThreadPoolSchema<P> {
             if !slot.is_null() {
                 return Some(slot);
             }
-            let page = match heap.local().pages.pop_empty() {
+            let mut empty = heap.local().pages.pop_empty();
+            // Blocks waiting in the bins may be all that keeps a page from emptying: give
+            // them back before taking a page from elsewhere.
+            if empty.is_none() && heap.flush_bins(core) > 0 {
+                empty = heap.local().pages.pop_empty();
+            }
+            let page = match empty {
                 Some(page) => {
                     core.free_pages.fetch_sub(1, Relaxed);
                     page
@@ -332,6 +358,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
     unsafe fn release_heap_empties(&self, core: &Core, heap: &ThreadHeap) {
         // SAFETY: the caller is the heap's user; the borrow ends before the parent is called.
         unsafe {
+            heap.flush_bins(core);
             let moved = heap.local().pages.collect_empty_partials();
             core.free_pages.fetch_add(moved, Relaxed);
             while let Some(page) = heap.local().pages.pop_empty() {
@@ -431,11 +458,16 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         unsafe {
             let owner = owner_of(page);
             if owner == heap as *const ThreadHeap as *const u8 {
+                if CHECKED {
+                    check_live_and_clear(page, slot, &self.config);
+                }
                 let local = heap.local();
-                if local.pages.free(page, slot, &self.config) {
-                    local.pages.push_empty(page);
-                    core.free_pages.fetch_add(1, Relaxed);
-                    self.page_emptied(core, heap);
+                if local.bins.push(class, slot) {
+                    let emptied = local.bins.trim(class, &mut local.pages, &self.config);
+                    if emptied > 0 {
+                        core.free_pages.fetch_add(emptied, Relaxed);
+                        self.page_emptied(core, heap);
+                    }
                 }
             } else {
                 (*owner.cast::<ThreadHeap>()).push_remote(slot);
@@ -516,6 +548,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                 unsafe {
                     let h = &*heap;
                     h.drain_remote(core);
+                    h.flush_bins(core);
                     let moved = h.local().pages.collect_empty_partials();
                     core.free_pages.fetch_add(moved, Relaxed);
                     h.spill_empty(&mut shared, 0);
@@ -598,8 +631,12 @@ impl<P: PageParent> ThreadPoolSchema<P> {
             let (mut allocations, mut frees, mut empties) = (0u64, 0u64, 0usize);
             for heap in core.heaps() {
                 let h = &*heap;
-                let (live, held) = h.local().pages.validate(&self.config)?;
-                live_slots += live;
+                let cached = h.local().bins.validate(&self.config)?;
+                let (used, held) = h.local().pages.validate(&self.config)?;
+                // Pages count the blocks waiting in the bins as used.
+                live_slots += used
+                    .checked_sub(cached)
+                    .ok_or("more blocks cached than used")?;
                 pages += held;
                 empties += h.local().pages.empty_count();
                 waiting += h.remote_len();

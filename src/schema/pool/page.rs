@@ -77,6 +77,17 @@ pub(crate) struct PageHeader {
     full: bool,
 }
 
+impl PageHeader {
+    /// Whether `page` serves `class` now (for validation).
+    ///
+    /// # Safety
+    /// `page` must be a page of a live pool.
+    pub(crate) unsafe fn serves(page: *mut Self, class: usize) -> bool {
+        // SAFETY: forwarded.
+        unsafe { (*page).marker != 0 && (*page).class as usize == class }
+    }
+}
+
 /// Bytes of the header before the bitmap of checked builds.
 pub(crate) const HEADER_FIXED: usize = core::mem::size_of::<PageHeader>().next_multiple_of(8);
 const _: () = assert!(HEADER_FIXED <= 128);
@@ -182,7 +193,7 @@ unsafe fn live_bit(page: *mut PageHeader, slot: *mut u8) -> (*mut u64, u64) {
 /// # Safety
 /// `page` must be a formatted page of a checked build and `slot` a pointer into it.
 #[inline]
-unsafe fn check_live_and_clear(page: *mut PageHeader, slot: *mut u8, cfg: &PoolConfig) {
+pub(crate) unsafe fn check_live_and_clear(page: *mut PageHeader, slot: *mut u8, cfg: &PoolConfig) {
     // SAFETY: forwarded from the caller.
     unsafe {
         let elem = (*page).elem as usize;
@@ -220,6 +231,19 @@ unsafe fn push_free(page: *mut PageHeader, slot: *mut u8) {
     unsafe {
         (*s).next = (*page).free;
         (*page).free = s;
+    }
+}
+
+/// Checked builds: marks a slot handed out again from a schema's bins as live.
+///
+/// # Safety
+/// `slot` must be a slot of a formatted page of a checked build, with `page_size` its pool's.
+#[inline]
+pub(crate) unsafe fn mark_live(slot: *mut u8, page_size: usize) {
+    // SAFETY: forwarded; the page of a slot is found by masking.
+    unsafe {
+        let (word, bit) = live_bit(page_of(slot, page_size), slot);
+        *word |= bit;
     }
 }
 
@@ -490,11 +514,30 @@ impl Pages {
         slot: *mut u8,
         cfg: &PoolConfig,
     ) -> bool {
-        // SAFETY: the page is a formatted page of this heap; `slot` points into it.
+        // SAFETY: forwarded from the caller.
         unsafe {
             if CHECKED {
                 check_live_and_clear(page, slot, cfg);
             }
+            self.release(page, slot, cfg)
+        }
+    }
+
+    /// [`free`](Self::free) of a slot whose checked-build bit is already clear: a block that
+    /// waited in a schema's [`Bins`](super::bins::Bins).
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free); in checked builds the slot's live bit must have been
+    /// cleared by [`check_live_and_clear`].
+    #[inline]
+    pub(crate) unsafe fn release(
+        &mut self,
+        page: *mut PageHeader,
+        slot: *mut u8,
+        cfg: &PoolConfig,
+    ) -> bool {
+        // SAFETY: the page is a formatted page of this heap; `slot` points into it.
+        unsafe {
             let used = (*page).used;
             if !(*page).full {
                 // Stays in its list: it keeps live blocks, or it is its class's only

@@ -425,3 +425,53 @@ fn miri_class_of_matches_its_definition() {
         }
     }
 }
+
+/// Freed blocks wait in their class's bin: the next allocation gets the last one freed, a
+/// bin past its limit gives its older half back to the pages, and blocks still in a bin do
+/// not make the pool grow: before asking the parent, the pool takes them back to their
+/// pages, and a page they emptied serves another class.
+#[test]
+fn miri_bins_reuse_trim_and_give_way_to_other_classes() {
+    let parent = CountingParent::default();
+    let pool = PoolSchema::new(&parent);
+    let small = layout(8, 8);
+    let per_page = (4096 - pool.config().header_size()) / 8;
+    let blocks: Vec<_> = (0..per_page + 1)
+        .map(|_| pool.allocate(small).unwrap())
+        .collect();
+    assert_eq!(parent.calls.load(Ordering::Relaxed), 2);
+    // LIFO reuse.
+    let last = blocks[per_page - 1];
+    // SAFETY: allocated above with `small`, freed once (and taken again below).
+    unsafe { pool.deallocate(last.ptr, small) };
+    let again = pool.allocate(small).unwrap();
+    assert_eq!(again.ptr, last.ptr);
+    // Freeing the whole first page overfills the bin (limit 64 for 8-byte blocks in 4 KiB
+    // pages), so it trims as it goes; the pages and counters stay consistent throughout.
+    let first_page = page_of(blocks[0].ptr.as_ptr(), 4096);
+    for a in &blocks {
+        if page_of(a.ptr.as_ptr(), 4096) == first_page {
+            // SAFETY: live, freed once.
+            unsafe { pool.deallocate(a.ptr, small) };
+            pool.validate().unwrap();
+        }
+    }
+    // Some blocks of the first page still wait in the bin, so it is not empty yet; a
+    // 512-byte request finds no page of its class and no empty page, so the pool gives the
+    // cached blocks back, which empties the first page, and serves the request from it.
+    let big = layout(512, 8);
+    let b = pool.allocate(big).unwrap();
+    assert_eq!(page_of(b.ptr.as_ptr(), 4096), first_page);
+    assert_eq!(parent.calls.load(Ordering::Relaxed), 2);
+    pool.validate().unwrap();
+    // SAFETY: allocated above; the block of the second page too.
+    unsafe {
+        pool.deallocate(b.ptr, big);
+        pool.deallocate(blocks[per_page].ptr, small);
+    }
+    pool.validate().unwrap();
+    assert_eq!(pool.stats().live_blocks, 0);
+    pool.garbage_collect();
+    assert_eq!(pool.stats().pages, 0);
+    assert_eq!(parent.live.load(Ordering::Relaxed), 0);
+}

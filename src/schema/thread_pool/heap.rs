@@ -22,6 +22,7 @@
 //! Nothing here calls the parent allocator; the generic schema does, outside any lock.
 
 use crate::schema::pool::PoolConfig;
+use crate::schema::pool::bins::Bins;
 use crate::schema::pool::page::{EmptyList, FreeSlot, PageHeader, Pages, marker_key, page_of};
 use crate::sync::{SpinGuard, SpinLock};
 use core::cell::UnsafeCell;
@@ -72,6 +73,8 @@ impl Counters {
 
 /// The part of a heap only its user touches.
 pub(crate) struct HeapLocal {
+    /// Blocks this thread freed into its own pages, waiting for reuse (see `pool/bins.rs`).
+    pub(crate) bins: Bins,
     pub(crate) pages: Pages,
     /// Granted bytes not yet added to the core's published total (for the peak).
     pub(crate) unpublished: isize,
@@ -265,9 +268,10 @@ impl Iterator for HeapIter {
 }
 
 impl ThreadHeap {
-    pub(crate) const fn new(core: *const Core) -> Self {
+    pub(crate) const fn new(core: *const Core, config: &PoolConfig) -> Self {
         Self {
             local: UnsafeCell::new(HeapLocal {
+                bins: Bins::new(config),
                 pages: Pages::new(),
                 unpublished: 0,
                 seen_epoch: 0,
@@ -351,6 +355,23 @@ impl ThreadHeap {
         }
     }
 
+    /// Gives the blocks waiting in the heap's bins back to their pages; pages that become
+    /// empty join the heap's empty list (and are counted in `free_pages`). Returns how many.
+    ///
+    /// # Safety
+    /// The caller must be the heap's user, with no borrow of its local state live.
+    pub(crate) unsafe fn flush_bins(&self, core: &Core) -> usize {
+        // SAFETY: the caller is the heap's user; the bins hold blocks of this heap's pages.
+        let emptied = unsafe {
+            let local = self.local();
+            local.bins.flush(&mut local.pages, &core.config)
+        };
+        if emptied > 0 {
+            core.free_pages.fetch_add(emptied, Relaxed);
+        }
+        emptied
+    }
+
     /// Moves the heap's empty pages beyond `keep` to the shared list (whose lock the caller
     /// holds).
     ///
@@ -380,6 +401,7 @@ impl ThreadHeap {
             let core = &*h.core;
             let mut shared = core.lock.lock();
             h.drain_remote(core);
+            h.flush_bins(core);
             let local = h.local();
             core.publish(local);
             let emptied = local.pages.collect_empty_partials();

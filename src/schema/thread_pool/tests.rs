@@ -310,14 +310,16 @@ fn miri_garbage_collect_while_other_threads_allocate() {
 fn miri_empty_pages_of_one_thread_serve_another() {
     let mut pool = ThreadPoolSchema::with_config(System, PoolConfig::new(1024, 64, 256).unwrap());
     let l = layout(256, 8);
-    // Three 256-byte blocks per 1 KiB page: 24 blocks fill 8 pages.
-    let blocks: Vec<_> = (0..24).map(|i| alloc(&pool, l, i)).collect();
+    // Three 256-byte blocks per 1 KiB page: 192 blocks fill 64 pages.
+    let blocks: Vec<_> = (0..192).map(|i| alloc(&pool, l, i as u8)).collect();
     let pages = pool.stats().pages;
-    assert_eq!(pages, 8);
+    assert_eq!(pages, 64);
     blocks.into_iter().for_each(|b| free(&pool, b));
-    // The heap keeps its class's last page and a couple of empty ones; the rest are shared.
+    // The heap's bin keeps at most 64 freed blocks (16 KiB) and gives the older half back
+    // each time it overflows, so at least 128 blocks went back to their pages. The heap
+    // keeps its class's last page and a couple of empty ones; the rest are shared.
     let st = pool.stats();
-    assert_eq!(st.free_pages, pages - 1);
+    assert!(st.free_pages >= 128 / 3 - 3, "{st:?}");
     std::thread::scope(|s| {
         let pool = &pool;
         s.spawn(move || {
@@ -329,5 +331,5 @@ fn miri_empty_pages_of_one_thread_serve_another() {
     });
     // The other thread used shared pages instead of asking the parent.
     assert_eq!(pool.stats().pages, pages);
-    assert_all_freed(&mut pool, 36);
+    assert_all_freed(&mut pool, 192 + 12);
 }
