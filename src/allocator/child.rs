@@ -282,14 +282,23 @@ impl<P: BlockAllocator> Child<P> {
     /// lane is open, else the general path (and, the first time, a lane asked for).
     #[inline(never)]
     fn allocate_lane_missed(self, layout: Layout, class: usize) -> Option<Allocation> {
-        let counters = self.counters();
+        let lane = self.counters().lane_offset();
         // SAFETY: as in `allocate`.
-        let refilled =
-            unsafe { thread_cache::lane_allocate_missed(counters.lane_offset(), class, layout) };
-        if let Some(p) = refilled {
-            let size = class_size(class);
-            return NonNull::new(p).map(|ptr| Allocation { ptr, size });
+        match unsafe { thread_cache::lane_allocate_missed(lane, class, layout) } {
+            Some(p) => NonNull::new(p).map(|ptr| Allocation {
+                ptr,
+                size: class_size(class),
+            }),
+            None => self.allocate_lane_refused(layout),
         }
+    }
+
+    /// A small allocation its lane refused (no lane, or a closed one): the general path,
+    /// and the first time, a lane asked for. Out of line, so the lane's refills above keep
+    /// none of the general path's registers.
+    #[inline(never)]
+    fn allocate_lane_refused(self, layout: Layout) -> Option<Allocation> {
+        let counters = self.counters();
         let block = self.allocate_general(layout);
         if counters.lane_unclaimed() && thread_cache::lanes_reachable() {
             lanes::claim(self.registration);
@@ -407,8 +416,19 @@ impl<P: BlockAllocator> Child<P> {
             if thread_cache::lane_free_missed(lane, ptr.as_ptr(), class, layout.size()) {
                 return class_size(class);
             }
-            self.deallocate_general(ptr, layout)
+            self.deallocate_lane_refused(ptr, layout)
         }
+    }
+
+    /// A small free its lane refused (no lane, or a closed one): the general path. Out of
+    /// line, so the lane's overflows above keep none of its registers.
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`].
+    #[inline(never)]
+    unsafe fn deallocate_lane_refused(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate_general(ptr, layout) }
     }
 
     /// Frees through the parent, uncounts the block and drops its record.

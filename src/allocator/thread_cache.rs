@@ -312,17 +312,24 @@ impl ThreadCache {
     /// them into the owners' shared figures (their peak), see `lanes`.
     #[inline(always)]
     fn after_lane_slow_path(&self, lane: &Lane, class: usize) {
-        let index = self.lane_index(lane);
-        if index == 0 {
+        if ptr::eq(lane, self.system()) {
             return;
         }
         // SAFETY: the owner's slow path, with a valid class.
         let pending = unsafe { lane.note_unpublished(class) };
         if pending.unsigned_abs() >= lanes::PUBLISH_BYTES {
-            lanes::publish_lane(index, lane);
-            // SAFETY: as above.
-            unsafe { lane.published_all() };
+            self.publish_own_lane(lane);
         }
+    }
+
+    /// [`after_lane_slow_path`](Self::after_lane_slow_path) once the pending bytes passed the
+    /// threshold: publishes every class of `lane`, a child lane of this thread's cache.
+    #[cold]
+    #[inline(never)]
+    fn publish_own_lane(&self, lane: &Lane) {
+        lanes::publish_lane(self.lane_index(lane), lane);
+        // SAFETY: called by the owner, on its slow path.
+        unsafe { lane.published_all() };
     }
 
     /// Frees a block of `class` into `lane`.
@@ -771,21 +778,27 @@ unsafe fn lane_of_thread(lane: usize) -> Option<&'static Lane> {
     Some(unsafe { &*(addr as *const Lane) })
 }
 
-/// A miss path's lane: the calling thread's lane at `lane` (see [`lane_of_thread`]) with its
-/// cache, if the cache is live and the lane serves calls (set up on the thread's first call
-/// through it, see `ThreadCache::open_lane`). `None`: the child takes its general path.
+/// Whether a miss path may use `lane` of this thread's cache `tc`: the cache is live and
+/// the lane serves calls (set up on the thread's first call through it, see
+/// `ThreadCache::open_lane`). `false`: the child takes its general path.
+fn lane_usable(tc: &ThreadCache, lane: &Lane) -> bool {
+    tc.state.get() == STATE_ACTIVE
+        && (lanes::serves(lane.hooks.load(Relaxed)) || tc.open_lane(lane))
+}
+
+/// The calling thread's cache, for a miss path that found its lane at `lane` (see
+/// [`lane_of_thread`]): `None` without a lane.
 ///
 /// # Safety
 /// As for [`lane_of_thread`].
-unsafe fn lane_in_use(lane: usize) -> Option<(&'static ThreadCache, &'static Lane)> {
+#[inline(always)]
+unsafe fn lane_and_cache(lane: usize) -> Option<(&'static ThreadCache, &'static Lane)> {
     // SAFETY: forwarded from the caller.
     let lane = unsafe { lane_of_thread(lane)? };
     // SAFETY: the address is this thread's cache (see `thread_pointer`), as long-lived as
     // the lane in it.
     let tc = unsafe { &*(thread_pointer::cache_address()? as CacheRef) };
-    let usable = tc.state.get() == STATE_ACTIVE
-        && (lanes::serves(lane.hooks.load(Relaxed)) || tc.open_lane(lane));
-    usable.then_some((tc, lane))
+    Some((tc, lane))
 }
 
 /// A child's small allocation from its lane (`lane`: see [`lane_thread_offset`]): pops a
@@ -814,17 +827,55 @@ pub(crate) unsafe fn lane_allocate(lane: usize, class: usize, size: usize) -> *m
 /// block for it. `None`: no lane, or a closed one, so the child takes its general path;
 /// `Some(null)`: out of memory.
 ///
+/// The common case, an open lane without sampling (hooks byte 0) on a live cache whose bin
+/// is empty, is a straight line to the refill; everything else is out of line in
+/// [`lane_allocate_hooked`].
+///
 /// # Safety
 /// As for [`lane_allocate`]; `class` is the class of `layout` (size ≤ 4 KiB, alignment ≤ 8).
+#[inline(always)]
 pub(crate) unsafe fn lane_allocate_missed(
     lane: usize,
     class: usize,
     layout: Layout,
 ) -> Option<*mut u8> {
-    // SAFETY: as in `lane_allocate`; the cache is this thread's, live, and the lane open,
-    // so its bins and marks are this thread's to refill and draw.
+    // SAFETY: as in `lane_allocate`; the cache is this thread's and live, and the lane
+    // open, so its bins and marks are this thread's to refill.
     unsafe {
-        let (tc, lane) = lane_in_use(lane)?;
+        let (tc, lane) = lane_and_cache(lane)?;
+        if lane.hooks.load(Relaxed) != 0
+            || tc.state.get() != STATE_ACTIVE
+            || lane.slots.get_unchecked(class).open_until.load(Relaxed) != OPEN
+        {
+            return lane_allocate_hooked(tc, lane, class, layout);
+        }
+        let p = tc.allocate(lane, class);
+        if !p.is_null() {
+            lane.add_requested(layout.size());
+        }
+        Some(p)
+    }
+}
+
+/// [`lane_allocate_missed`] off its straight line: a lane not set up on this thread yet,
+/// closed, sampling, or a class's mark closed by a gate change; or a cache not live.
+///
+/// # Safety
+/// As for [`lane_allocate_missed`]; `tc` is this thread's cache and `lane` one of its lanes.
+#[cold]
+#[inline(never)]
+unsafe fn lane_allocate_hooked(
+    tc: &ThreadCache,
+    lane: &Lane,
+    class: usize,
+    layout: Layout,
+) -> Option<*mut u8> {
+    if !lane_usable(tc, lane) {
+        return None;
+    }
+    // SAFETY: the cache is this thread's, live, and the lane open, so its bins and marks
+    // are this thread's to refill and draw; the rest is forwarded from the caller.
+    unsafe {
         let sampled = match tc.charge_settled(lane, class) {
             SampleCharge::Sampled(interval) => Some(interval),
             SampleCharge::General => return None,
@@ -866,8 +917,13 @@ pub(crate) unsafe fn lane_free(lane: usize, ptr: *mut u8, class: usize, size: us
 /// [`lane_free`] missed: frees into a full bin (giving part of it back) if the lane is open
 /// and the cache live. `false`: the child takes its general path.
 ///
+/// The common case, an open lane without sampling (hooks byte 0) on a live cache whose bin
+/// is full, is a straight line to the overflow; everything else is out of line in
+/// [`lane_free_hooked`].
+///
 /// # Safety
 /// As for [`lane_free`].
+#[inline(always)]
 pub(crate) unsafe fn lane_free_missed(
     lane: usize,
     ptr: *mut u8,
@@ -876,17 +932,43 @@ pub(crate) unsafe fn lane_free_missed(
 ) -> bool {
     // SAFETY: as in `lane_allocate_missed`; the block is forwarded from the caller.
     unsafe {
-        let Some((tc, lane)) = lane_in_use(lane) else {
+        let Some((tc, lane)) = lane_and_cache(lane) else {
             return false;
         };
-        if lane.hooks.load(Relaxed) & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr)
-        {
-            return false; // the general path removes its record
+        if lane.hooks.load(Relaxed) != 0 || tc.state.get() != STATE_ACTIVE {
+            return lane_free_hooked(tc, lane, ptr, class, size);
         }
         tc.free(lane, ptr, class);
         lane.sub_requested(size);
         true
     }
+}
+
+/// [`lane_free_missed`] off its straight line: a lane not set up on this thread yet,
+/// closed, or sampling; or a cache not live.
+///
+/// # Safety
+/// As for [`lane_free_missed`]; `tc` is this thread's cache and `lane` one of its lanes.
+#[cold]
+#[inline(never)]
+unsafe fn lane_free_hooked(
+    tc: &ThreadCache,
+    lane: &Lane,
+    ptr: *mut u8,
+    class: usize,
+    size: usize,
+) -> bool {
+    if !lane_usable(tc, lane) {
+        return false;
+    }
+    if lane.hooks.load(Relaxed) & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr) {
+        return false; // the general path removes its record
+    }
+    // SAFETY: the cache is this thread's and live, the lane open; the block is forwarded
+    // from the caller.
+    unsafe { tc.free(lane, ptr, class) };
+    lane.sub_requested(size);
+    true
 }
 
 impl ThreadCache {

@@ -9,7 +9,7 @@
 
 use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, cold_path};
 use crate::records;
-use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
+use crate::schema::hpha::size_class::{CLASS_COUNT, CLASS_SIZES, class_size};
 use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
 use crate::stats::ShardSum;
 use core::cell::UnsafeCell;
@@ -397,7 +397,7 @@ impl Lane {
 
     /// The granted bytes of `blocks` blocks of `class` (wrapping: negative stays negative).
     fn bytes_of(class: usize, blocks: i32) -> usize {
-        (blocks as isize * class_size(class) as isize) as usize
+        (blocks as isize * CLASS_SIZES[class] as isize) as usize
     }
 
     /// This lane's granted bytes on this thread not yet published, summed over the classes

@@ -30,6 +30,18 @@ pub(crate) const fn class_size(c: usize) -> usize {
     }
 }
 
+/// [`class_size`] of every class, for paths that look it up with a class only known at run
+/// time: one load instead of a branch and a shift.
+pub(crate) static CLASS_SIZES: [u32; CLASS_COUNT] = {
+    let mut table = [0u32; CLASS_COUNT];
+    let mut class = 0;
+    while class < CLASS_COUNT {
+        table[class] = class_size(class) as u32;
+        class += 1;
+    }
+    table
+};
+
 /// The smallest class whose element size is ≥ `size`; `size` must be in `0..=MAX_SMALL`.
 #[inline]
 pub(crate) const fn class_of(size: usize) -> usize {
