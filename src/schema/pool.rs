@@ -23,10 +23,7 @@ use core::cell::UnsafeCell;
 use core::fmt::{self, Write};
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
-use page::{
-    CHECKED, HEADER_FIXED, PageHeader, Pages, check_live_and_clear, check_owner, mark_live, marker,
-    marker_key, page_of,
-};
+use page::{HEADER_FIXED, PageHeader, Pages, check_owner, marker, marker_key, page_of};
 
 pub use page::MAX_CLASSES;
 
@@ -567,15 +564,7 @@ impl<P: PageParent> PoolSchema<P> {
         // is live (none is kept across calls); `class` is below the class count.
         let mut slot = unsafe {
             let st = &mut *self.state.get();
-            let cached = st.bins.pop(class);
-            if cached.is_null() {
-                st.pages.allocate(class)
-            } else {
-                if CHECKED {
-                    mark_live(cached, self.config.page_size());
-                }
-                cached
-            }
+            st.bins.allocate(&mut st.pages, class, &self.config)
         };
         if slot.is_null() {
             slot = self.allocate_slow(class)?;
@@ -663,12 +652,8 @@ impl<P: PageParent> PoolSchema<P> {
                 marker(page, st.key),
                 &self.config,
             );
-            if CHECKED {
-                check_live_and_clear(page, ptr.as_ptr(), &self.config);
-            }
-            if st.bins.push(class, ptr.as_ptr()) {
-                st.bins.trim(class, &mut st.pages, &self.config);
-            }
+            st.bins
+                .free(&mut st.pages, page, ptr.as_ptr(), class, &self.config);
         }
         st.frees += 1;
         st.granted -= self.config.class_size(class);

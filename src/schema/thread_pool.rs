@@ -25,10 +25,7 @@
 mod heap;
 mod registry;
 
-use super::pool::page::{
-    CHECKED, EmptyList, PageHeader, check_live_and_clear, check_owner, mark_live, marker, owner_of,
-    page_of,
-};
+use super::pool::page::{EmptyList, PageHeader, check_owner, marker, owner_of, page_of};
 use super::pool::{PoolConfig, PoolStats, class_for_free, next_uid, report_refused};
 use super::{Allocation, PageParent};
 use crate::fatal::fatal;
@@ -237,15 +234,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         // is below the class count.
         let mut slot = unsafe {
             let local = heap.local();
-            let cached = local.bins.pop(class);
-            if cached.is_null() {
-                local.pages.allocate(class)
-            } else {
-                if CHECKED {
-                    mark_live(cached, self.config.page_size());
-                }
-                cached
-            }
+            local.bins.allocate(&mut local.pages, class, &self.config)
         };
         if slot.is_null() {
             slot = self.refill(core, heap, class)?;
@@ -458,16 +447,13 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         unsafe {
             let owner = owner_of(page);
             if owner == heap as *const ThreadHeap as *const u8 {
-                if CHECKED {
-                    check_live_and_clear(page, slot, &self.config);
-                }
                 let local = heap.local();
-                if local.bins.push(class, slot) {
-                    let emptied = local.bins.trim(class, &mut local.pages, &self.config);
-                    if emptied > 0 {
-                        core.free_pages.fetch_add(emptied, Relaxed);
-                        self.page_emptied(core, heap);
-                    }
+                let emptied = local
+                    .bins
+                    .free(&mut local.pages, page, slot, class, &self.config);
+                if emptied > 0 {
+                    core.free_pages.fetch_add(emptied, Relaxed);
+                    self.page_emptied(core, heap);
                 }
             } else {
                 (*owner.cast::<ThreadHeap>()).push_remote(slot);

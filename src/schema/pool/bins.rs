@@ -15,13 +15,16 @@
 //! it leaves, so double frees are still caught at once.
 
 use super::PoolConfig;
-use super::page::{FreeSlot, MAX_CLASSES, PageHeader, Pages, page_of};
+use super::page::{
+    CHECKED, FreeSlot, MAX_CLASSES, PageHeader, Pages, check_live_and_clear, mark_live, page_of,
+};
 use core::ptr::null_mut;
 
 /// The most blocks a bin holds before giving half back.
 const MAX_BIN_BLOCKS: usize = 64;
-/// The fewest (for the largest classes).
+/// The fewest (for the largest classes). At least 2, so a trim keeps at least one block.
 const MIN_BIN_BLOCKS: usize = 8;
+const _: () = assert!(MIN_BIN_BLOCKS >= 2);
 /// The bytes a bin may hold, within those counts: enough for a batch of 64 blocks of up to
 /// 256 bytes to run from the bin alone.
 const BIN_BYTES: usize = 16 * 1024;
@@ -67,39 +70,71 @@ impl Bins {
         Self { bins }
     }
 
-    /// Takes a cached block of `class`; null when its bin is empty.
+    /// Takes a block of `class`: the last one freed into its bin, else one from the class's
+    /// pages; null when neither has one.
     ///
     /// # Safety
-    /// `class` must be below [`MAX_CLASSES`].
+    /// `class` must be below the configuration's class count; `pages` must be the pages the
+    /// bins' blocks belong to.
     #[inline]
-    pub(crate) unsafe fn pop(&mut self, class: usize) -> *mut u8 {
+    pub(crate) unsafe fn allocate(
+        &mut self,
+        pages: &mut Pages,
+        class: usize,
+        cfg: &PoolConfig,
+    ) -> *mut u8 {
         // SAFETY: the caller keeps `class` in range.
         let bin = unsafe { self.bins.get_unchecked_mut(class) };
         let head = bin.head;
-        if !head.is_null() {
-            // SAFETY: a cached block is a free slot whose first word links the bin.
-            bin.head = unsafe { (*head).next };
+        if head.is_null() {
+            // SAFETY: forwarded.
+            return unsafe { pages.allocate(class) };
+        }
+        // SAFETY: a cached block is a free slot whose first word links the bin, in a
+        // formatted page of this pool.
+        unsafe {
+            bin.head = (*head).next;
             bin.count -= 1;
+            if CHECKED {
+                mark_live(page_of(head.cast(), cfg.page_size()), head.cast());
+            }
         }
         head.cast()
     }
 
-    /// Caches a freed block of `class`. Returns `true` when the bin is over its limit: the
-    /// caller then calls [`trim`](Self::trim).
+    /// Frees a block of `class` into its bin, giving the bin's older half back to the pages
+    /// when it is over its limit. Checked builds first abort on a double free or an
+    /// interior pointer. Returns how many pages became empty (now in `pages`' empty list).
     ///
     /// # Safety
-    /// `slot` must be a block of `class` of the caller's pages, no longer live (and, in
-    /// checked builds, with its live bit cleared); `class` below [`MAX_CLASSES`].
+    /// `slot` must be a live block of `class` in `page`, a page of `pages` that passed
+    /// [`check_owner`](super::page::check_owner); `class` below the class count.
     #[inline]
-    pub(crate) unsafe fn push(&mut self, class: usize, slot: *mut u8) -> bool {
+    pub(crate) unsafe fn free(
+        &mut self,
+        pages: &mut Pages,
+        page: *mut PageHeader,
+        slot: *mut u8,
+        class: usize,
+        cfg: &PoolConfig,
+    ) -> usize {
+        if CHECKED {
+            // SAFETY: forwarded.
+            unsafe { check_live_and_clear(page, slot, cfg) };
+        }
         // SAFETY: the caller keeps `class` in range.
         let bin = unsafe { self.bins.get_unchecked_mut(class) };
         let s: *mut FreeSlot = slot.cast();
-        // SAFETY: the block is free and at least a pointer long (min_size >= a pointer).
+        // SAFETY: the block is free now and at least a pointer long (min_size >= a pointer).
         unsafe { (*s).next = bin.head };
         bin.head = s;
         bin.count += 1;
-        bin.count > bin.limit
+        if bin.count > bin.limit {
+            // SAFETY: forwarded.
+            unsafe { self.trim(class, pages, cfg) }
+        } else {
+            0
+        }
     }
 
     /// Gives the blocks of `class` beyond half its limit back to their pages (the older
@@ -110,21 +145,11 @@ impl Bins {
     /// Every cached block must belong to `pages`.
     #[cold]
     #[inline(never)]
-    pub(crate) unsafe fn trim(
-        &mut self,
-        class: usize,
-        pages: &mut Pages,
-        cfg: &PoolConfig,
-    ) -> usize {
+    unsafe fn trim(&mut self, class: usize, pages: &mut Pages, cfg: &PoolConfig) -> usize {
         let bin = &mut self.bins[class];
         let keep = bin.limit / 2;
-        if keep == 0 {
-            let list = core::mem::replace(&mut bin.head, null_mut());
-            bin.count = 0;
-            // SAFETY: forwarded.
-            return unsafe { release_list(list, pages, cfg) };
-        }
-        // SAFETY: the bin holds more than `keep` >= 1 blocks, all linked free slots.
+        // SAFETY: the bin holds more than `keep` >= 1 blocks (limits are at least
+        // MIN_BIN_BLOCKS), all linked free slots of `pages` with their live bits clear.
         unsafe {
             let mut last = bin.head;
             for _ in 1..keep {
@@ -133,7 +158,7 @@ impl Bins {
             let rest = (*last).next;
             (*last).next = null_mut();
             bin.count = keep;
-            release_list(rest, pages, cfg)
+            pages.free_list(rest, cfg, true)
         }
     }
 
@@ -150,8 +175,8 @@ impl Bins {
             }
             let list = core::mem::replace(&mut bin.head, null_mut());
             bin.count = 0;
-            // SAFETY: forwarded.
-            emptied += unsafe { release_list(list, pages, cfg) };
+            // SAFETY: forwarded; binned blocks have their live bits clear.
+            emptied += unsafe { pages.free_list(list, cfg, true) };
         }
         emptied
     }
@@ -184,28 +209,4 @@ impl Bins {
         }
         Ok(total)
     }
-}
-
-/// Frees a list of cached blocks into their pages; returns how many pages became empty
-/// (now in `pages`' empty list).
-///
-/// # Safety
-/// Every block of the list must be a used slot of a page of `pages`, with its checked-build
-/// live bit clear.
-unsafe fn release_list(mut s: *mut FreeSlot, pages: &mut Pages, cfg: &PoolConfig) -> usize {
-    let mut emptied = 0;
-    while !s.is_null() {
-        // SAFETY: forwarded; the link is read before the slot goes back to its page.
-        unsafe {
-            let next = (*s).next;
-            let slot: *mut u8 = s.cast();
-            let page = page_of(slot, cfg.page_size());
-            if pages.release(page, slot, cfg) {
-                pages.push_empty(page);
-                emptied += 1;
-            }
-            s = next;
-        }
-    }
-    emptied
 }

@@ -234,15 +234,15 @@ unsafe fn push_free(page: *mut PageHeader, slot: *mut u8) {
     }
 }
 
-/// Checked builds: marks a slot handed out again from a schema's bins as live.
+/// Checked builds: marks a slot being handed out as live.
 ///
 /// # Safety
-/// `slot` must be a slot of a formatted page of a checked build, with `page_size` its pool's.
+/// `page` must be a formatted page of a checked build and `slot` one of its slots.
 #[inline]
-pub(crate) unsafe fn mark_live(slot: *mut u8, page_size: usize) {
-    // SAFETY: forwarded; the page of a slot is found by masking.
+pub(crate) unsafe fn mark_live(page: *mut PageHeader, slot: *mut u8) {
+    // SAFETY: forwarded.
     unsafe {
-        let (word, bit) = live_bit(page_of(slot, page_size), slot);
+        let (word, bit) = live_bit(page, slot);
         *word |= bit;
     }
 }
@@ -406,8 +406,7 @@ impl Pages {
             (*page).used += 1;
             let slot: *mut u8 = free.cast();
             if CHECKED {
-                let (word, bit) = live_bit(page, slot);
-                *word |= bit;
+                mark_live(page, slot);
             }
             slot
         }
@@ -426,9 +425,9 @@ impl Pages {
             if page.is_null() {
                 return null_mut();
             }
-            // SAFETY: pages in a partial list are valid and formatted. A page with no free
-            // slot in its list and `used < capacity` has never-used slots from `bump` on
-            // (used + listed + never-used = capacity).
+            // With no slot in its list and `used < capacity`, a page has never-used slots
+            // from `bump` on (used + listed + never-used = capacity).
+            // SAFETY: pages in a partial list are valid and formatted.
             unsafe {
                 let free = (*page).free;
                 let slot: *mut u8 = if !free.is_null() {
@@ -447,8 +446,7 @@ impl Pages {
                 };
                 (*page).used += 1;
                 if CHECKED {
-                    let (word, bit) = live_bit(page, slot);
-                    *word |= bit;
+                    mark_live(page, slot);
                 }
                 return slot;
             }
@@ -555,6 +553,40 @@ impl Pages {
             }
             self.free_moving(page, slot, cfg)
         }
+    }
+
+    /// Frees every slot of a list linked through their first words (remote frees, or a bin's
+    /// blocks). Pages that become empty join the empty list; returns how many did.
+    /// `live_bits_clear` says whether checked builds already cleared the slots' live bits
+    /// (blocks from a bin) or must check and clear them now.
+    ///
+    /// # Safety
+    /// Every slot of the list must be a live (or, with `live_bits_clear`, binned) slot of a
+    /// page of this heap that passed [`check_owner`].
+    pub(crate) unsafe fn free_list(
+        &mut self,
+        mut s: *mut FreeSlot,
+        cfg: &PoolConfig,
+        live_bits_clear: bool,
+    ) -> usize {
+        let mut emptied = 0;
+        while !s.is_null() {
+            // SAFETY: forwarded; the link is read before the slot goes back to its page.
+            unsafe {
+                let next = (*s).next;
+                let slot: *mut u8 = s.cast();
+                let page = page_of(slot, cfg.page_size());
+                if CHECKED && !live_bits_clear {
+                    check_live_and_clear(page, slot, cfg);
+                }
+                if self.release(page, slot, cfg) {
+                    self.push_empty(page);
+                    emptied += 1;
+                }
+                s = next;
+            }
+        }
+        emptied
     }
 
     /// [`free`](Self::free) of a block whose page changes list: out of the full list, or out

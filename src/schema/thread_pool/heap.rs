@@ -23,7 +23,7 @@
 
 use crate::schema::pool::PoolConfig;
 use crate::schema::pool::bins::Bins;
-use crate::schema::pool::page::{EmptyList, FreeSlot, PageHeader, Pages, marker_key, page_of};
+use crate::schema::pool::page::{EmptyList, FreeSlot, Pages, marker_key};
 use crate::sync::{SpinGuard, SpinLock};
 use core::cell::UnsafeCell;
 use core::ptr::null_mut;
@@ -329,27 +329,14 @@ impl ThreadHeap {
     /// # Safety
     /// The caller must be the heap's user, with no borrow of its local state live.
     pub(crate) unsafe fn drain_remote(&self, core: &Core) {
-        let mut s = self.remote.0.swap(null_mut(), Acquire);
+        let s = self.remote.0.swap(null_mut(), Acquire);
         if s.is_null() {
             return;
         }
-        // SAFETY: the caller is the heap's user.
-        let local = unsafe { self.local() };
-        let mut emptied = 0;
-        while !s.is_null() {
-            // SAFETY: every block on the stack is a block of this heap's pages, pushed after
-            // its owner check; the Acquire swap makes the pushers' link writes visible.
-            unsafe {
-                let next = (*s).next;
-                let slot: *mut u8 = s.cast();
-                let page: *mut PageHeader = page_of(slot, core.config.page_size());
-                if local.pages.free(page, slot, &core.config) {
-                    local.pages.push_empty(page);
-                    emptied += 1;
-                }
-                s = next;
-            }
-        }
+        // SAFETY: the caller is the heap's user. Every block on the stack is a live block of
+        // this heap's pages, pushed after its owner check; the Acquire swap makes the
+        // pushers' link writes visible.
+        let emptied = unsafe { self.local().pages.free_list(s, &core.config, false) };
         if emptied > 0 {
             core.free_pages.fetch_add(emptied, Relaxed);
         }
