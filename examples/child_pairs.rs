@@ -98,13 +98,18 @@ fn main() {
     let (which, size, pairs, mode) = match &args[..] {
         [_, which, size, pairs, rest @ ..] if rest.len() <= 1 => (
             which.as_str(),
-            size.parse::<usize>().expect(usage),
+            size.as_str(),
             pairs.parse::<u64>().expect(usage),
             rest.first().map_or("hoisted", String::as_str),
         ),
         _ => panic!("{usage}"),
     };
-    let layout = Layout::from_size_align(size, 8).expect("bad size");
+    // SIZE or SIZE@ALIGN (alignment 8 unless given).
+    let (size, align) = match size.split_once('@') {
+        Some((s, a)) => (s.parse::<usize>().expect(usage), a.parse().expect(usage)),
+        None => (size.parse::<usize>().expect(usage), 8),
+    };
+    let layout = Layout::from_size_align(size, align).expect("bad size or alignment");
     // One pair first, so first-use work (registration, thread cache, slot, lane) is in both
     // the 0-pair and the N-pair runs and cancels out. Then the thread cache goes back to the
     // heap, so that every run starts from the same heap: a child's first pair takes the

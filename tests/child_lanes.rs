@@ -31,7 +31,7 @@ struct Block(NonNull<u8>, Layout);
 // SAFETY: the block is owned by whoever holds this value; the allocator is thread-safe.
 unsafe impl Send for Block {}
 
-/// The granted size of a small request at alignment ≤ 8 (what a probe allocation reports).
+/// The granted size of a small request (what a probe allocation reports).
 fn granted(layout: Layout) -> usize {
     let block = SystemAllocator::new().allocate_block(layout).unwrap();
     // SAFETY: just allocated with `layout`, freed once.
@@ -62,7 +62,7 @@ fn give<A: BlockAllocator>(alloc: A, ptr: NonNull<u8>, layout: Layout) -> usize 
 }
 
 fn small(i: usize) -> Layout {
-    Layout::from_size_align(1 + (i * 37) % 1024, 1 << (i % 4)).unwrap()
+    Layout::from_size_align(1 + (i * 37) % 1024, 1 << (i % 7)).unwrap()
 }
 
 #[test]

@@ -15,8 +15,9 @@
 //! **Lanes.** A child whose chain of parents ends at the `SystemAllocator` (see
 //! [`BlockAllocator::THREAD_CACHE_LANES`]) gets, if it is among the first to allocate, a
 //! lane of its own in the thread caches (see `crate::allocator::lanes`): its small requests
-//! (≤ 4 KiB, alignment ≤ 8) are then the `SystemAllocator`'s own pop and push in another
-//! lane, plus one add of the requested size, and its figures come from the lane's counts.
+//! (≤ 4 KiB once rounded up to their alignment) are then the `SystemAllocator`'s own pop
+//! and push in another lane, plus one add of the requested size, and its figures come from
+//! the lane's counts.
 //! That costs 2 instructions per alloc+free pair over the `SystemAllocator` with a layout
 //! known at compile time, none with one computed per call (`examples/child_pairs.rs`).
 //!
@@ -34,7 +35,7 @@ use crate::lanes;
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::Allocation;
-use crate::schema::hpha::size_class::{CLASS_BY_UNITS, MAX_SMALL, class_of, class_size};
+use crate::schema::hpha::size_class::{class_size, fast_class, fast_class_size};
 use crate::stats::Counters;
 use crate::system::SystemAllocator;
 use crate::thread_cache;
@@ -94,18 +95,6 @@ pub unsafe trait BlockAllocator: Copy + Default + Send + Sync + 'static {
     ) -> Option<(Allocation, usize)>;
 }
 
-/// The size the heap grants a small request at alignment ≤ 8, by its size in 8-byte units:
-/// the size of its class (the same class the `SystemAllocator`'s fast path picks).
-static GRANTED_BY_UNITS: [u16; MAX_SMALL / 8 + 1] = {
-    let mut table = [0u16; MAX_SMALL / 8 + 1];
-    let mut units = 0;
-    while units <= MAX_SMALL / 8 {
-        table[units] = class_size(class_of(units * 8)) as u16;
-        units += 1;
-    }
-    table
-};
-
 /// The granted size of a live heap block of `layout`: one table load for the common small
 /// requests, so a call through [`BlockAllocator`] needs no out-of-line `usable_size`.
 ///
@@ -114,8 +103,8 @@ static GRANTED_BY_UNITS: [u16; MAX_SMALL / 8 + 1] = {
 /// between the one requested and the one granted, at the same alignment).
 #[inline(always)]
 unsafe fn heap_granted(ptr: NonNull<u8>, layout: Layout) -> usize {
-    if layout.size() <= MAX_SMALL && layout.align() <= 8 {
-        GRANTED_BY_UNITS[layout.size().div_ceil(8)] as usize
+    if let Some(class) = fast_class(layout) {
+        fast_class_size(class)
     } else {
         // SAFETY: forwarded from the caller.
         unsafe { SystemAllocator::new().usable_size(ptr, layout) }
@@ -133,13 +122,9 @@ unsafe impl BlockAllocator for SystemAllocator {
         &SYSTEM
     }
 
-    #[inline]
+    #[inline(always)]
     fn allocate_block(self, layout: Layout) -> Option<Allocation> {
-        // SAFETY: the layout has a non-zero size (trait contract).
-        let ptr = NonNull::new(unsafe { self.alloc(layout) })?;
-        // SAFETY: `ptr` was just allocated with `layout`.
-        let size = unsafe { heap_granted(ptr, layout) };
-        Some(Allocation { ptr, size })
+        self.allocate_granted(layout)
     }
 
     #[inline]
@@ -151,14 +136,10 @@ unsafe impl BlockAllocator for SystemAllocator {
         Some(block)
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn deallocate_block(self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // SAFETY: forwarded from the caller: a live block of this heap with a fitting layout.
-        unsafe {
-            let granted = heap_granted(ptr, layout);
-            self.dealloc(ptr.as_ptr(), layout);
-            granted
-        }
+        unsafe { self.deallocate_granted(ptr, layout) }
     }
 
     #[inline]
@@ -261,21 +242,24 @@ impl<P: BlockAllocator> Child<P> {
     /// general path: the parent's call, counted in the child's own counters.
     #[inline(always)]
     pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
-        if P::THREAD_CACHE_LANES && layout.size() <= MAX_SMALL && layout.align() <= 8 {
-            let units = layout.size().div_ceil(8);
-            let class = CLASS_BY_UNITS[units] as usize;
-            // SAFETY: the lane word is 0 or a lane's offset from the thread pointer (set
-            // once by `lanes::claim`); the class comes from the class table.
-            let p = unsafe {
-                thread_cache::lane_allocate(self.counters().lane_offset(), class, layout.size())
-            };
-            if let Some(ptr) = NonNull::new(p) {
-                let size = GRANTED_BY_UNITS[units] as usize;
-                return Some(Allocation { ptr, size });
-            }
-            return self.allocate_lane_missed(layout, class);
+        if !P::THREAD_CACHE_LANES {
+            return self.allocate_general(layout);
         }
-        self.allocate_general(layout)
+        let Some(class) = fast_class(layout) else {
+            return self.allocate_general(layout);
+        };
+        // SAFETY: the lane word is 0 or a lane's offset from the thread pointer (set once by
+        // `lanes::claim`); the class comes from the class table.
+        let p = unsafe {
+            thread_cache::lane_allocate(self.counters().lane_offset(), class, layout.size())
+        };
+        match NonNull::new(p) {
+            Some(ptr) => Some(Allocation {
+                ptr,
+                size: fast_class_size(class),
+            }),
+            None => self.allocate_lane_missed(layout, class),
+        }
     }
 
     /// A small allocation its lane did not serve: a refill (or a sampled allocation) if the
@@ -380,22 +364,21 @@ impl<P: BlockAllocator> Child<P> {
     /// As for [`BlockAllocator::deallocate_block`].
     #[inline(always)]
     pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
-        if P::THREAD_CACHE_LANES && layout.size() <= MAX_SMALL && layout.align() <= 8 {
-            let units = layout.size().div_ceil(8);
-            let class = CLASS_BY_UNITS[units] as usize;
-            // The layout picks the block's class whatever path served it: every path gives
-            // small blocks at alignment ≤ 8 this class's slots.
-            // SAFETY: as in `allocate`; the block is a live small block of this class.
-            unsafe {
-                let lane = self.counters().lane_offset();
-                if thread_cache::lane_free(lane, ptr.as_ptr(), class, layout.size()) {
-                    return GRANTED_BY_UNITS[units] as usize;
-                }
-                return self.deallocate_lane_missed(ptr, layout, class);
+        let class = match fast_class(layout) {
+            Some(class) if P::THREAD_CACHE_LANES => class,
+            // SAFETY: forwarded from the caller.
+            _ => return unsafe { self.deallocate_general(ptr, layout) },
+        };
+        // The layout picks the block's class whatever path served it: every path gives a
+        // small layout this class's slots (`fast_class` agrees with `class_for`).
+        // SAFETY: as in `allocate`; the block is a live small block of this class.
+        unsafe {
+            let lane = self.counters().lane_offset();
+            if thread_cache::lane_free(lane, ptr.as_ptr(), class, layout.size()) {
+                return fast_class_size(class);
             }
+            self.deallocate_lane_missed(ptr, layout, class)
         }
-        // SAFETY: forwarded from the caller.
-        unsafe { self.deallocate_general(ptr, layout) }
     }
 
     /// A small free its lane did not take: into a full bin if the lane is open, else the
@@ -562,12 +545,13 @@ impl<P: BlockAllocator> Child<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::hpha::size_class::MAX_SMALL;
 
     #[test]
-    fn the_granted_size_table_agrees_with_the_heap() {
+    fn the_granted_sizes_agree_with_the_heap() {
         let heap = SystemAllocator::new();
-        for align in [1, 2, 4, 8] {
-            for size in 1..=MAX_SMALL {
+        for align in [1, 2, 4, 8, 16, 64, 4096, 8192] {
+            for size in (1..=MAX_SMALL + 64).chain([20_000, 100_000]) {
                 let layout = Layout::from_size_align(size, align).unwrap();
                 let block = heap.allocate_block(layout).unwrap();
                 // SAFETY: the block was just allocated with `layout` and is freed once.

@@ -6,9 +6,10 @@
 
 use crate::records;
 use crate::registry::SYSTEM;
+use crate::schema::Allocation;
 use crate::schema::HphaStats;
 use crate::schema::hpha::large::LargeGrant;
-use crate::schema::hpha::size_class::{CLASS_BY_UNITS, MAX_SMALL, class_for, class_size};
+use crate::schema::hpha::size_class::{class_for, class_size, fast_class, fast_class_size};
 use crate::thread_cache::{self, CacheRef, HEAP, HOOK_ALLOC, HOOK_FREE, SampleCharge};
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
@@ -96,6 +97,37 @@ impl SystemAllocator {
         unsafe { HEAP.usable_size(ptr, layout) }
     }
 
+    /// `GlobalAlloc::alloc` that also says how big the block is (its class's size for a
+    /// small block: no second lookup), for [`BlockAllocator`](crate::BlockAllocator).
+    #[inline(always)]
+    pub(crate) fn allocate_granted(&self, layout: Layout) -> Option<Allocation> {
+        if let Some(class) = fast_class(layout) {
+            let ptr = thread_cache::allocate_gated(class, layout, alloc_small_missed);
+            let size = fast_class_size(class);
+            return NonNull::new(ptr).map(|ptr| Allocation { ptr, size });
+        }
+        allocate_granted_slow(layout)
+    }
+
+    /// `GlobalAlloc::dealloc` that returns the block's granted size, as
+    /// [`allocate_granted`](Self::allocate_granted) reported it.
+    ///
+    /// # Safety
+    /// `ptr` is a live block of this allocator, allocated with `layout`'s alignment and a
+    /// size from `layout.size()` up to the granted one.
+    #[inline(always)]
+    pub(crate) unsafe fn deallocate_granted(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller (the layout selects the side the block came
+        // from, as in `dealloc`).
+        unsafe {
+            if let Some(class) = fast_class(layout) {
+                thread_cache::free_gated(ptr.as_ptr(), class, layout, dealloc_small_missed);
+                return fast_class_size(class);
+            }
+            deallocate_granted_slow(ptr, layout)
+        }
+    }
+
     /// Sets what the `SystemAllocator` records from now on (see [`records`](crate::records));
     /// overrides `TAGALLOC_RECORDS`.
     ///
@@ -133,7 +165,7 @@ unsafe impl GlobalAlloc for SystemAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // Small requests: the thread cache's own mirror of the records settings says whether
         // to step aside, so records off cost one test of a TLS byte and no static.
-        if let Some(class) = small_fast_class(layout) {
+        if let Some(class) = fast_class(layout) {
             return thread_cache::allocate_gated(class, layout, alloc_small_missed);
         }
         alloc_slow(layout)
@@ -153,7 +185,7 @@ unsafe impl GlobalAlloc for SystemAllocator {
         // SAFETY: GlobalAlloc's contract: `ptr` is a live block from this allocator with
         // this layout, so it came from the same side the layout selects now.
         unsafe {
-            if let Some(class) = small_fast_class(layout) {
+            if let Some(class) = fast_class(layout) {
                 return thread_cache::free_gated(ptr, class, layout, dealloc_small_missed);
             }
             dealloc_slow(ptr, layout)
@@ -239,6 +271,31 @@ fn alloc_small_sampled(size: usize, align: usize, interval: u64) -> *mut u8 {
     records::global::alloc_sampled(layout, interval, alloc_plain)
 }
 
+/// [`SystemAllocator::allocate_granted`] off the fast path; out of line, so the fast path
+/// needs no stack frame.
+#[inline(never)]
+fn allocate_granted_slow(layout: Layout) -> Option<Allocation> {
+    let ptr = NonNull::new(alloc_slow(layout))?;
+    // SAFETY: `ptr` was just allocated with `layout`.
+    let size = unsafe { HEAP.usable_size(ptr, layout) };
+    Some(Allocation { ptr, size })
+}
+
+/// [`SystemAllocator::deallocate_granted`] off the fast path, as
+/// [`allocate_granted_slow`].
+///
+/// # Safety
+/// As for [`SystemAllocator::deallocate_granted`].
+#[inline(never)]
+unsafe fn deallocate_granted_slow(ptr: NonNull<u8>, layout: Layout) -> usize {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let granted = HEAP.usable_size(ptr, layout);
+        dealloc_slow(ptr.as_ptr(), layout);
+        granted
+    }
+}
+
 /// Allocation off the fast path: not a small request, or records on.
 #[inline(never)]
 fn alloc_slow(layout: Layout) -> *mut u8 {
@@ -252,7 +309,7 @@ fn alloc_slow(layout: Layout) -> *mut u8 {
 /// cache from here.
 #[inline(never)]
 fn alloc_with_records(layout: Layout) -> *mut u8 {
-    if let Some(class) = small_fast_class(layout) {
+    if let Some(class) = fast_class(layout) {
         if records::global::alloc_fast(layout.size()) {
             return thread_cache::allocate(class);
         }
@@ -358,7 +415,7 @@ unsafe fn dealloc_slow(ptr: *mut u8, layout: Layout) {
 unsafe fn dealloc_with_records(ptr: *mut u8, layout: Layout) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        if let Some(class) = small_fast_class(layout) {
+        if let Some(class) = fast_class(layout) {
             if records::global::free_fast(ptr) {
                 return thread_cache::free(ptr, class);
             }
@@ -370,7 +427,7 @@ unsafe fn dealloc_with_records(ptr: *mut u8, layout: Layout) {
 /// `GlobalAlloc::alloc` without records.
 #[inline(always)]
 fn alloc_plain(layout: Layout) -> *mut u8 {
-    if let Some(class) = small_fast_class(layout) {
+    if let Some(class) = fast_class(layout) {
         return thread_cache::allocate(class);
     }
     alloc_any(layout)
@@ -411,7 +468,7 @@ fn alloc_zeroed_plain(layout: Layout) -> *mut u8 {
 unsafe fn dealloc_plain(ptr: *mut u8, layout: Layout) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        if let Some(class) = small_fast_class(layout) {
+        if let Some(class) = fast_class(layout) {
             return thread_cache::free(ptr, class);
         }
         dealloc_any(ptr, layout)
@@ -450,15 +507,6 @@ unsafe fn realloc_plain(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u
         }
     }
     new
-}
-
-/// The class of the most common requests (small blocks at alignment ≤ 8): one table load;
-/// `None` sends the request down the general path.
-#[inline(always)]
-fn small_fast_class(layout: Layout) -> Option<usize> {
-    // Every class is a multiple of 8, so alignments up to 8 need no rounding.
-    (layout.size() <= MAX_SMALL && layout.align() <= 8)
-        .then(|| CLASS_BY_UNITS[layout.size().div_ceil(8)] as usize)
 }
 
 /// Allocation for any layout; kept out of line so the fast path needs no stack frame.

@@ -832,7 +832,7 @@ pub(crate) unsafe fn lane_allocate(lane: usize, class: usize, size: usize) -> *m
 /// [`lane_allocate_hooked`].
 ///
 /// # Safety
-/// As for [`lane_allocate`]; `class` is the class of `layout` (size ≤ 4 KiB, alignment ≤ 8).
+/// As for [`lane_allocate`]; `class` is the class of `layout` (see `fast_class`).
 #[inline(always)]
 pub(crate) unsafe fn lane_allocate_missed(
     lane: usize,
