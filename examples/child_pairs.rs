@@ -122,6 +122,7 @@ fn main() {
         run_one();
         SystemAllocator::new().flush_thread_cache();
     };
+    let start = std::time::Instant::now();
     match which {
         "system" => {
             warm_up(&|| run(SystemAllocator::new(), layout, 1));
@@ -137,7 +138,11 @@ fn main() {
         }
         _ => panic!("{usage}"),
     }
+    let elapsed = start.elapsed();
     let stats = Tagged.stats();
     assert_eq!(stats.live_blocks, 0);
-    println!("{which} {size} B x {pairs}: child stats {stats:?}");
+    println!(
+        "{which} {size} B x {pairs}: {:.2} ns per pair; child stats {stats:?}",
+        elapsed.as_nanos() as f64 / pairs.max(1) as f64
+    );
 }

@@ -89,7 +89,9 @@ impl Budget {
     }
 
     /// Sets (`Some(bytes)`) or removes (`None`) the budget, and what going over does.
-    pub fn set(&self, bytes: Option<usize>, mode: BudgetMode) {
+    /// Through [`Registration::set_budget`](crate::Registration::set_budget), which also
+    /// tells the allocator's counters.
+    pub(crate) fn set(&self, bytes: Option<usize>, mode: BudgetMode) {
         self.fail.store(mode == BudgetMode::Fail, Relaxed);
         self.limit.store(bytes.unwrap_or(usize::MAX), Relaxed);
         // A child with a budget (or below one) leaves its thread-cache lane for the path

@@ -21,14 +21,13 @@
 //! That costs 2 instructions per alloc+free pair over the `SystemAllocator` with a layout
 //! known at compile time, none with one computed per call (`examples/child_pairs.rs`).
 //!
-//! **The general path**, for everything else (large or over-aligned requests, children
-//! without a lane, and every call while the child or a child above it has a budget or
-//! records): before the parent's call, the route word says the allocator has a shard slot
-//! (claimed only once it is registered) and the budget is unset; after it, the thread's
-//! cache is live, and the block is counted in the thread's shard with owner-only loads and
-//! stores (see [`Counters`]); records cost one compare of the records word with zero. Every
-//! other case (first call, budget, no slot, a thread's first or last calls, records on)
-//! leaves that path for code kept out of line.
+//! **The general path**, for everything else (large requests, children without a lane,
+//! and every call while the child or a child above it has a budget or records): before the
+//! parent's call, one compare of the route word says the allocator has a shard slot
+//! (claimed only once it is registered) and neither a budget nor records; after it, the
+//! thread's cache is live, and the block is counted in the thread's shard with owner-only
+//! loads and stores (see [`Counters`]). Every other case (first call, budget, records, no
+//! slot, a thread's first or last calls) leaves that path for code kept out of line.
 
 use crate::budget::BudgetEvent;
 use crate::lanes;
@@ -36,7 +35,7 @@ use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::Allocation;
 use crate::schema::hpha::size_class::{class_size, fast_class, fast_class_size};
-use crate::stats::Counters;
+use crate::stats::{Counters, Slot};
 use crate::system::SystemAllocator;
 use crate::thread_cache;
 use core::alloc::{GlobalAlloc, Layout};
@@ -292,22 +291,24 @@ impl<P: BlockAllocator> Child<P> {
 
     /// Allocates through the parent, counts the block and records it.
     ///
-    /// The common case is one check before the parent's call (the allocator has a shard
-    /// slot, which it claims only once registered, and no budget) and one after it (the
-    /// thread's cache is live): the block is then counted in this thread's shard. Anything
-    /// else (the first call, a budget, a thread's first or last calls) takes a slow path
-    /// kept out of line.
+    /// The common case is one check before the parent's call (the route word says the
+    /// allocator has a shard slot, which it claims only once registered, no budget and no
+    /// records) and one after it (the thread's cache is live): the block is then counted in
+    /// this thread's shard. Anything else (the first call, a budget, records, a thread's
+    /// first or last calls) takes a path kept out of line.
     #[inline(always)]
     fn allocate_general(&self, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
-        let Some(slot) = counters.fast_slot(self.registration.budget()) else {
-            return self.allocate_slow(layout, false);
+        let Some(slot) = counters.plain_slot() else {
+            return match counters.recorded_slot() {
+                Some(slot) => self.allocate_recorded(layout, slot, false),
+                None => self.allocate_slow(layout, false),
+            };
         };
         let block = self.parent.allocate_block(layout)?;
         if !counters.shard_allocate(slot, block.size, layout.size()) {
             return self.account_recorded(block, layout);
         }
-        self.after_alloc(block, layout);
         Some(block)
     }
 
@@ -315,14 +316,38 @@ impl<P: BlockAllocator> Child<P> {
     #[inline]
     pub fn allocate_zeroed(&self, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
-        let Some(slot) = counters.fast_slot(self.registration.budget()) else {
-            return self.allocate_slow(layout, true);
+        let Some(slot) = counters.plain_slot() else {
+            return match counters.recorded_slot() {
+                Some(slot) => self.allocate_recorded(layout, slot, true),
+                None => self.allocate_slow(layout, true),
+            };
         };
         let block = self.parent.allocate_block_zeroed(layout)?;
         if !counters.shard_allocate(slot, block.size, layout.size()) {
             return self.account_recorded(block, layout);
         }
-        self.after_alloc(block, layout);
+        Some(block)
+    }
+
+    /// [`allocate_general`](Self::allocate_general) when records are the only reason the
+    /// route is not a plain slot: the block is counted in the shard as usual, then
+    /// recorded. Out of line, so the common path keeps none of its code; called straight
+    /// from the general path, so a recorded call stack holds the same allocator frames on
+    /// this path and on the slow one.
+    #[inline(never)]
+    fn allocate_recorded(self, layout: Layout, slot: Slot, zeroed: bool) -> Option<Allocation> {
+        let block = if zeroed {
+            self.parent.allocate_block_zeroed(layout)?
+        } else {
+            self.parent.allocate_block(layout)?
+        };
+        if !self
+            .counters()
+            .shard_allocate(slot, block.size, layout.size())
+        {
+            return self.account_recorded(block, layout);
+        }
+        records::after_alloc(self.registration, block.ptr, layout, block.size);
         Some(block)
     }
 
@@ -416,41 +441,38 @@ impl<P: BlockAllocator> Child<P> {
 
     /// Frees through the parent, uncounts the block and drops its record.
     ///
+    /// As for allocations, the route word alone says whether this is the common case (a
+    /// slot, no budget, no records); the free is then counted in the thread's shard.
+    ///
     /// # Safety
     /// As for [`BlockAllocator::deallocate_block`].
     #[inline(always)]
     unsafe fn deallocate_general(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
-        // The record leaves before the block does, so no other thread can have reused
-        // the address and recorded it yet.
-        if self.registration.records().word() != 0 {
-            self.before_free(ptr);
+        let counters = self.counters();
+        let Some(slot) = counters.plain_slot() else {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.deallocate_flagged(ptr, layout) };
+        };
+        // SAFETY: forwarded from the caller.
+        let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
+        let requested = layout.size();
+        if !counters.shard_free(slot, granted, requested) {
+            self.count_free_slow(granted, requested);
         }
+        granted
+    }
+
+    /// [`deallocate_general`](Self::deallocate_general) when the route is not a plain
+    /// slot: drops the block's record (before the block goes, so no other thread can have
+    /// reused the address and recorded it yet), then frees and counts it. Out of line.
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`].
+    #[inline(never)]
+    unsafe fn deallocate_flagged(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        records::before_free(self.registration, ptr);
         // SAFETY: forwarded from the caller.
         unsafe { self.deallocate_unrecorded(ptr, layout) }
-    }
-
-    /// Records a new block (see [`records::after_alloc`]). A records word of zero (records
-    /// off and never on: the default) has nothing to do, so the fast path tests the word
-    /// for zero (one compare with memory) and leaves the rest out of line.
-    #[inline(always)]
-    fn after_alloc(self, block: Allocation, layout: Layout) {
-        if self.registration.records().word() != 0 {
-            self.after_alloc_hooked(block, layout);
-        }
-    }
-
-    /// Out of line: the allocation path keeps its registers for the common case (records
-    /// on pay one call).
-    #[inline(never)]
-    fn after_alloc_hooked(self, block: Allocation, layout: Layout) {
-        records::after_alloc(self.registration, block.ptr, layout, block.size);
-    }
-
-    /// [`records::before_free`], behind the same test as [`after_alloc`](Self::after_alloc)
-    /// and out of line for the same reason.
-    #[inline(never)]
-    fn before_free(self, ptr: NonNull<u8>) {
-        records::before_free(self.registration, ptr);
     }
 
     /// # Safety

@@ -316,6 +316,7 @@ impl Registration {
     /// enforce budgets; on the OS and System entries a budget has no effect.
     pub fn set_budget(&self, bytes: Option<usize>, mode: BudgetMode) {
         self.budget.set(bytes, mode);
+        self.counters.set_budgeted(bytes.is_some());
     }
 
     /// The allocator's record settings (what its allocation and free paths test).
@@ -363,6 +364,7 @@ impl Registration {
     /// After this allocator's record settings changed: the `SystemAllocator`'s fast paths
     /// read a per-thread mirror of them, which is rewritten here.
     pub(crate) fn records_changed(&self) {
+        self.counters.set_recorded(self.records.word() != 0);
         if core::ptr::eq(self, &SYSTEM) {
             crate::thread_cache::system_records_changed();
         } else {

@@ -18,8 +18,9 @@
 //!
 //! A call counts in its shard when the allocator's *route* word holds a shard slot (as the
 //! shard's byte offset in a thread's set, so the fast path needs no arithmetic) and no
-//! budget is set: two loads and two compares before the shard is reached (see
-//! [`Counters::fast_slot`]).
+//! budget is set. The route also carries a flag for a budget and one for records (set by the
+//! registration when either changes), so a child's general path learns all of it with one
+//! load and one compare (see [`Counters::plain_slot`]).
 //!
 //! The shared atomics (one read-modify-write per figure) are used instead:
 //! - while the allocator has a budget ([`Budget`]): the budget check needs the exact live
@@ -46,7 +47,9 @@
 //! (a snapshot taken under concurrent traffic reads a blend of nearby instants, and so may
 //! carry that blend into the peak).
 //! A block larger than `PUBLISH_BYTES`, and every call while a budget is set, moves the peak
-//! exactly. This is what turns six locked operations per pair into none.
+//! exactly; such a block goes to the shared figure by itself (one `fetch_add`, the shard's
+//! running total untouched), so a pair of them costs two locked operations. This is what
+//! turns six locked operations per pair into none for smaller blocks.
 //!
 //! [`AllocatorStats`] is the plain snapshot the reports read.
 
@@ -164,6 +167,12 @@ const _: () = assert!(SLOTS * SHARD_BYTES < UNSET as usize);
 /// Set once a budget has moved the allocator to the shared atomics (and its shards'
 /// pending bytes were published); cleared when calls go back to the shards.
 const EXACT: u32 = 1 << 16;
+/// Set while the allocator has a budget (by `Registration::set_budget`), so that a child's
+/// general path learns it from the route alone (see [`Counters::plain_slot`]).
+const BUDGETED: u32 = 1 << 17;
+/// Set while the allocator's records word is not zero (by `Registration::records_changed`),
+/// for the same reason.
+const RECORDED: u32 = 1 << 18;
 
 /// A slot's shard offset (slot below [`SLOTS`] times [`SHARD_BYTES`]), as
 /// [`Counters::fast_slot`] found it in the route.
@@ -336,6 +345,44 @@ impl Counters {
         // Acquire: the slot's owner record (see `claim_slot`) happens before our counts.
         let bits = self.route.load(Acquire);
         (bits < SLOT_BITS_END && !budget.is_set()).then_some(Slot(bits as usize))
+    }
+
+    /// The shard slot of a child's general path: the route alone says the allocator has a
+    /// slot, no budget and no records (one load and one compare, before the parent's call).
+    /// `None`: see [`recorded_slot`](Self::recorded_slot), else the slow paths.
+    #[inline(always)]
+    pub(crate) fn plain_slot(&self) -> Option<Slot> {
+        // Acquire: as in `fast_slot`.
+        let bits = self.route.load(Acquire);
+        (bits < SLOT_BITS_END).then_some(Slot(bits as usize))
+    }
+
+    /// The shard slot when records are the only thing that kept the call off
+    /// [`plain_slot`](Self::plain_slot): the call counts in its shard and records.
+    #[inline]
+    pub(crate) fn recorded_slot(&self) -> Option<Slot> {
+        // Acquire: as in `fast_slot`.
+        let bits = self.route.load(Acquire) & !RECORDED;
+        (bits < SLOT_BITS_END).then_some(Slot(bits as usize))
+    }
+
+    /// Marks in the route whether the allocator has a budget (see [`plain_slot`](Self::plain_slot)).
+    pub(crate) fn set_budgeted(&self, on: bool) {
+        self.set_route_flag(BUDGETED, on);
+    }
+
+    /// Marks in the route whether the allocator's records word is not zero.
+    pub(crate) fn set_recorded(&self, on: bool) {
+        self.set_route_flag(RECORDED, on);
+    }
+
+    fn set_route_flag(&self, flag: u32, on: bool) {
+        // Read-modify-writes, so slot claims and the exact switch (also on this word) stay.
+        if on {
+            self.route.fetch_or(flag, Release);
+        } else {
+            self.route.fetch_and(!flag, Release);
+        }
     }
 
     /// The shard slot a free counts in on the fast path: the route alone, no budget check.
@@ -895,6 +942,27 @@ mod tests {
         c.count_free(&NO_BUDGET, 4 * PUBLISH_BYTES, 1);
         assert_eq!(c.snapshot().peak_granted_bytes, Some(4 * PUBLISH_BYTES));
         assert_eq!(c.snapshot().live_granted_bytes, 0);
+        // Big blocks go to the shared figure by themselves, on top of whatever small bytes
+        // the shard holds unpublished: the shared figure stays exact for them, and the
+        // peak sees each one with the pending small bytes within the threshold.
+        assert!(alloc(c, &NO_BUDGET, BLOCK, BLOCK));
+        for round in 1..=3 {
+            let big = (4 + round) * PUBLISH_BYTES;
+            assert!(alloc(c, &NO_BUDGET, big, big));
+            let published = c.live_granted.load(Relaxed);
+            assert!((big..=big + BLOCK).contains(&published), "{published}");
+            c.count_free(&NO_BUDGET, big, big);
+            assert!(c.live_granted.load(Relaxed) <= BLOCK);
+        }
+        let st = c.snapshot();
+        assert_eq!(st.live_granted_bytes, BLOCK);
+        let peak = st.peak_granted_bytes.unwrap();
+        assert!(
+            (7 * PUBLISH_BYTES..=7 * PUBLISH_BYTES + BLOCK).contains(&peak),
+            "{peak}"
+        );
+        c.count_free(&NO_BUDGET, BLOCK, BLOCK);
+        assert_eq!(c.snapshot().live_granted_bytes, 0);
     }
 
     static SPREAD: Counters = Counters::new();
@@ -1015,6 +1083,26 @@ mod tests {
         // A new allocator's calls take the slow path (which claims a slot).
         let c = Counters::new();
         assert!(c.fast_slot(&NO_BUDGET).is_none() && c.free_slot().is_none());
+    }
+
+    static FLAGGED: Counters = Counters::new();
+
+    #[test]
+    fn budget_and_records_flags_take_calls_off_the_plain_slot_and_keep_it() {
+        let c = &FLAGGED;
+        assert!(alloc(c, &NO_BUDGET, 64, 60), "claims a slot");
+        let slot = c.plain_slot().expect("a plain slot").0;
+        c.set_recorded(true);
+        assert!(c.plain_slot().is_none() && c.free_slot().is_none());
+        assert_eq!(c.recorded_slot().map(|s| s.0), Some(slot), "records alone");
+        c.set_budgeted(true);
+        assert!(c.plain_slot().is_none() && c.recorded_slot().is_none());
+        c.set_recorded(false);
+        assert!(c.plain_slot().is_none() && c.recorded_slot().is_none());
+        c.set_budgeted(false);
+        assert_eq!(c.plain_slot().map(|s| s.0), Some(slot));
+        c.count_free(&NO_BUDGET, 64, 60);
+        assert_eq!(c.snapshot().live_blocks, 0);
     }
 
     static ROUTED: Counters = Counters::new();

@@ -101,6 +101,13 @@ pub(crate) struct Shard {
     granted: AtomicUsize,
     /// How much of `granted` is already in the shared live figure (compare-and-swap only).
     taken: AtomicUsize,
+    /// `taken + PUBLISH_BYTES` and `taken - PUBLISH_BYTES` (signed), rewritten by every
+    /// publish: the owner's calls compare the new total with one of them, without reading
+    /// `taken`. Two publishers racing may leave them one publish behind; the next publish
+    /// mends them, and meanwhile a total may wait for up to twice the threshold (such a race
+    /// needs another thread publishing this shard, which only a budget being set does).
+    ceiling: AtomicUsize,
+    floor: AtomicUsize,
     requested: AtomicUsize,
     allocations: AtomicU64,
     frees: AtomicU64,
@@ -124,6 +131,8 @@ impl Shard {
         Self {
             granted: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
+            ceiling: AtomicUsize::new(PUBLISH_BYTES),
+            floor: AtomicUsize::new(PUBLISH_BYTES.wrapping_neg()),
             requested: AtomicUsize::new(0),
             allocations: AtomicU64::new(0),
             frees: AtomicU64::new(0),
@@ -140,23 +149,42 @@ impl Shard {
     /// Counts an allocation (owner only).
     #[inline(always)]
     pub(crate) fn allocate(&self, owner: &Counters, granted: usize, requested: usize) {
-        let g = bump(&self.granted, granted);
         bump(&self.requested, requested);
         tick(&self.allocations);
-        if self.unpublished_after(g) > PUBLISH_BYTES as isize {
-            self.publish(owner);
+        let g = self.granted.load(Relaxed).wrapping_add(granted);
+        if g as isize > self.ceiling.load(Relaxed) as isize {
+            return self.publish_crossing(owner, g, granted as isize);
         }
+        self.granted.store(g, Relaxed);
     }
 
     /// Counts a free (owner only).
     #[inline(always)]
     pub(crate) fn free(&self, owner: &Counters, granted: usize, requested: usize) {
-        let g = drop_by(&self.granted, granted);
         drop_by(&self.requested, requested);
         tick(&self.frees);
-        if self.unpublished_after(g) < -(PUBLISH_BYTES as isize) {
-            self.publish(owner);
+        let g = self.granted.load(Relaxed).wrapping_sub(granted);
+        if (g as isize) < self.floor.load(Relaxed) as isize {
+            return self.publish_crossing(owner, g, -(granted as isize));
         }
+        self.granted.store(g, Relaxed);
+    }
+
+    /// A call whose `change` of granted bytes takes the unpublished part past the threshold
+    /// (`g`: the running total with the change). A block larger than the threshold goes to
+    /// the shared figure by itself, with one `fetch_add` and the running total left as it
+    /// was: alternating allocations and frees of big blocks then cost one locked operation
+    /// each, not a compare-and-swap on `taken` as well. Otherwise the total is stored and
+    /// published as a whole. Owner only; out of line.
+    #[cold]
+    #[inline(never)]
+    fn publish_crossing(&self, owner: &Counters, g: usize, change: isize) {
+        if change.unsigned_abs() > PUBLISH_BYTES {
+            owner.publish_granted(change as usize);
+            return;
+        }
+        self.granted.store(g, Relaxed);
+        self.publish(owner);
     }
 
     /// Counts a resize from `old` to `new` granted and `old_requested` to `new_requested`
@@ -200,12 +228,20 @@ impl Shard {
                 .compare_exchange_weak(taken, granted, AcqRel, Acquire)
             {
                 Ok(_) => {
+                    self.set_thresholds(granted);
                     owner.publish_granted(granted.wrapping_sub(taken));
                     return;
                 }
                 Err(now) => taken = now,
             }
         }
+    }
+
+    /// Sets the owner's publish thresholds around `taken`.
+    fn set_thresholds(&self, taken: usize) {
+        self.ceiling
+            .store(taken.wrapping_add(PUBLISH_BYTES), Relaxed);
+        self.floor.store(taken.wrapping_sub(PUBLISH_BYTES), Relaxed);
     }
 
     /// Adds this shard to `sum` (any thread). `taken` is read before `granted` (see
@@ -290,6 +326,7 @@ impl ShardSet {
             owner.absorb(&sum);
             shard.granted.store(0, Relaxed);
             shard.taken.store(0, Relaxed);
+            shard.set_thresholds(0);
             shard.requested.store(0, Relaxed);
             shard.allocations.store(0, Relaxed);
             shard.frees.store(0, Relaxed);
