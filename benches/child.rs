@@ -10,41 +10,31 @@
 //! shards, see `src/allocator/stats.rs`).
 //!
 //! Instructions per pair (callgrind, deterministic; `examples/child_pairs.rs`, whose modes
-//! say how the layout reaches each call), before lanes (78d1b78) → with lanes:
+//! say how the layout reaches each call; it also prints ns per pair), at 93b587e:
 //!
-//! | layout, size                     | system    | child                | grandchild |
-//! |----------------------------------|----------:|---------------------:|-----------:|
-//! | const, 16 B and 1 KiB            | 47 → 45   | 89 → 47 (+4.4 %)     | 130 → 47   |
-//! | opaque, 16 B and 1 KiB           | 71 → 69   | 117 → 69 (+0 %)      | 156 → 72   |
-//! | hoisted, 16 B and 1 KiB          | 47 → 45   | 97 → 57 (+27 %)      | 139 → 57   |
-//! | batch of 64, 16 B                | 81 → 79   | 127 → 80 (+1.3 %)    | 168 → 82   |
-//! | batch of 64, 1 KiB               | 114 → 109 | 160 → 110 (+1.3 %)   | 201 → 112  |
-//! | opaque, 16 KiB (general path)    | 550 → 550 | 594 → 597 (+8.5 %)   | 633 → 630  |
+//! | layout, size                     | system | child          | grandchild |
+//! |----------------------------------|-------:|---------------:|-----------:|
+//! | const, 16 B and 1 KiB            | 45     | 47 (+4.4 %)    | 47         |
+//! | opaque, 16 B and 1 KiB           | 66     | 67 (+1.5 %)    | 69         |
+//! | hoisted, 16 B and 1 KiB          | 46     | 57 (+24 %)     | 58         |
+//! | batch of 64, 16 B                | 70.2   | 78.2 (+11 %)   | 79.2       |
+//! | batch of 64, 1 KiB               | 99.5   | 107.8 (+8.3 %) | 108.8      |
+//! | opaque, 16 KiB (general path)    | 549    | 583 (+6.2 %)   | 611        |
+//! | opaque, 256 KiB (general path)   | 549    | 628 (+14 %)    | 710        |
 //!
 //! "hoisted" is one layout for a whole loop: the compiler moves the `SystemAllocator`'s size
 //! check and class lookup out of it, which the child's larger code keeps inside; "const" (a
 //! layout known at compile time, as for `Box<T>`) and "opaque" (computed per call, what this
-//! bench does with `black_box`) compare like with like. A child's lane publishes its bytes
-//! into the child's shared figure (for the peak) once 64 KiB are pending, so its refills and
-//! overflows cost the batch a few plain instructions, not locked ones. The batch of 64 at
-//! 1 KiB measured +13 % (123.5 vs 109.1; timed +18-25 %) after the small-page headers moved
-//! (9be08af) for a reason of the measurement's own: the child's warm-up pair went through
-//! the general path (its lane is claimed after it), leaving a few blocks of the class cached
-//! in the `SystemAllocator`'s lane, and with exactly 64 slots of 1 KiB per page since then,
-//! every batch straddled two pages that emptied and came back from the pool about every
-//! third batch (the `SystemAllocator` with the same few blocks held: 120 per pair).
-//! `child_pairs` now flushes the thread cache after the warm-up (child 113.6, +4.1 %), and
-//! the lanes' miss paths were straightened (a refill or an overflow of an open lane without
-//! sampling goes straight to the thread cache's slow path): system 108.7, child 110.1
-//! (+1.3 %), grandchild 112.1 instructions per pair; timed (32 M pairs, medians of 9
-//! interleaved runs) 243 vs 251 ms (+3.3 %), against 242 vs 302 ms before.
+//! bench does with `black_box`) compare like with like.
 //!
-//! The 16 KiB general path's 47 extra instructions per pair are the child's own counting,
-//! around the same parent call: the route and budget checks (6 + 3), the thread cache's state
-//! (2 + 2), the shard's granted, requested and call counts and its publish threshold (9 + 9),
-//! the records word (3 + 3), and the registers kept across the parent's calls. Folding the
-//! budget and records tests into the route word would save about 9 of them (to about
-//! +7 %); below that, the counts themselves would have to go.
+//! The general path (16 KiB and up) costs, per call: one load and compare of the route word
+//! (a shard slot, and flags for a budget and for records, set when either changes), the
+//! thread cache's state, the shard's requested bytes, call count and running granted total
+//! compared with a threshold rewritten at each publish. A block over 64 KiB goes to the
+//! shared live figure at once (one `fetch_add` per call, so the peak stays exact): those two
+//! locked operations per pair are most of the 256 KiB row's extra time (+12 %; 16 KiB and
+//! 64 KiB +2 %). Before 335f3d1 the route, the budget limit and the records word were three
+//! separate tests and a big block paid a compare-and-swap on top (16 KiB 597, +8.5 %).
 
 use allocator_api2::alloc::Allocator;
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
