@@ -298,35 +298,41 @@ impl<P: BlockAllocator> Child<P> {
     /// first or last calls) takes a path kept out of line.
     #[inline(always)]
     fn allocate_general(&self, layout: Layout) -> Option<Allocation> {
+        self.allocate_counted(layout, false)
+    }
+
+    /// Zeroed allocation; see [`BlockAllocator::allocate_block_zeroed`].
+    #[inline]
+    pub fn allocate_zeroed(&self, layout: Layout) -> Option<Allocation> {
+        self.allocate_counted(layout, true)
+    }
+
+    /// [`allocate_general`](Self::allocate_general), zeroed or not (a constant at every
+    /// call, so each caller keeps only its own branch).
+    #[inline(always)]
+    fn allocate_counted(&self, layout: Layout, zeroed: bool) -> Option<Allocation> {
         let counters = self.counters();
         let Some(slot) = counters.plain_slot() else {
             return match counters.recorded_slot() {
-                Some(slot) => self.allocate_recorded(layout, slot, false),
-                None => self.allocate_slow(layout, false),
+                Some(slot) => self.allocate_recorded(layout, slot, zeroed),
+                None => self.allocate_slow(layout, zeroed),
             };
         };
-        let block = self.parent.allocate_block(layout)?;
+        let block = self.parent_allocate(layout, zeroed)?;
         if !counters.shard_allocate(slot, block.size, layout.size()) {
             return self.account_recorded(block, layout);
         }
         Some(block)
     }
 
-    /// Zeroed allocation; see [`BlockAllocator::allocate_block_zeroed`].
-    #[inline]
-    pub fn allocate_zeroed(&self, layout: Layout) -> Option<Allocation> {
-        let counters = self.counters();
-        let Some(slot) = counters.plain_slot() else {
-            return match counters.recorded_slot() {
-                Some(slot) => self.allocate_recorded(layout, slot, true),
-                None => self.allocate_slow(layout, true),
-            };
-        };
-        let block = self.parent.allocate_block_zeroed(layout)?;
-        if !counters.shard_allocate(slot, block.size, layout.size()) {
-            return self.account_recorded(block, layout);
+    /// The parent's allocation, zeroed or not.
+    #[inline(always)]
+    fn parent_allocate(&self, layout: Layout, zeroed: bool) -> Option<Allocation> {
+        if zeroed {
+            self.parent.allocate_block_zeroed(layout)
+        } else {
+            self.parent.allocate_block(layout)
         }
-        Some(block)
     }
 
     /// [`allocate_general`](Self::allocate_general) when records are the only reason the
@@ -336,11 +342,7 @@ impl<P: BlockAllocator> Child<P> {
     /// this path and on the slow one.
     #[inline(never)]
     fn allocate_recorded(self, layout: Layout, slot: Slot, zeroed: bool) -> Option<Allocation> {
-        let block = if zeroed {
-            self.parent.allocate_block_zeroed(layout)?
-        } else {
-            self.parent.allocate_block(layout)?
-        };
+        let block = self.parent_allocate(layout, zeroed)?;
         if !self
             .counters()
             .shard_allocate(slot, block.size, layout.size())
@@ -358,11 +360,7 @@ impl<P: BlockAllocator> Child<P> {
     #[inline(never)]
     fn allocate_slow(self, layout: Layout, zeroed: bool) -> Option<Allocation> {
         self.registration.register();
-        let block = if zeroed {
-            self.parent.allocate_block_zeroed(layout)?
-        } else {
-            self.parent.allocate_block(layout)?
-        };
+        let block = self.parent_allocate(layout, zeroed)?;
         self.account_recorded(block, layout)
     }
 

@@ -333,9 +333,9 @@ impl ThreadHeap {
         if s.is_null() {
             return;
         }
-        // SAFETY: the caller is the heap's user. Every block on the stack is a live block of
-        // this heap's pages, pushed after its owner check; the Acquire swap makes the
-        // pushers' link writes visible.
+        // Every block on the stack is a live block of this heap's pages, pushed after its
+        // owner check; the Acquire swap makes the pushers' link writes visible.
+        // SAFETY: the caller is the heap's user; the blocks are this heap's (above).
         let emptied = unsafe { self.local().pages.free_list(s, &core.config, false) };
         if emptied > 0 {
             core.free_pages.fetch_add(emptied, Relaxed);
