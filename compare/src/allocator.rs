@@ -23,12 +23,14 @@ compile_error!(
 /// suffix of its cargo feature (`alloc-<name>`) and of its binaries (`workload-<name>`).
 pub const ALL: [&str; 4] = ["tagalloc", "system", "mimalloc", "jemalloc"];
 
-/// Allocators run only when named with `--allocators` (none at present: tagalloc's
-/// per-thread counts are also its thread caches' bookkeeping, so there is no build without
-/// them to compare).
-pub const EXTRA: [&str; 0] = [];
+/// Allocators run only when named with `--allocators`: `tagalloc-child` is tagalloc with
+/// every allocation of the program made through one child allocator of the
+/// `SystemAllocator` (a whole program tagged as one subsystem), to measure what a child
+/// costs over its parent on real workloads. (There is no build of tagalloc without its
+/// per-thread counts to compare: they are also its thread caches' bookkeeping.)
+pub const EXTRA: [&str; 1] = ["tagalloc-child"];
 
-#[cfg(feature = "alloc-tagalloc")]
+#[cfg(all(feature = "alloc-tagalloc", not(feature = "alloc-tagalloc-child")))]
 mod chosen {
     #[global_allocator]
     static GLOBAL: tagalloc::SystemAllocator = tagalloc::SystemAllocator::new();
@@ -40,6 +42,23 @@ mod chosen {
     /// pages inside large free blocks to the OS.
     pub fn trim() -> bool {
         GLOBAL.garbage_collect();
+        true
+    }
+}
+
+#[cfg(feature = "alloc-tagalloc-child")]
+mod chosen {
+    tagalloc::allocator!(pub Program: child of tagalloc::SystemAllocator, "the whole workload");
+
+    #[global_allocator]
+    static GLOBAL: Program = Program;
+
+    pub const NAME: &str = "tagalloc-child";
+    pub const NOTE: &str = "";
+
+    /// The parent's `garbage_collect` (a child holds nothing of its own to give back).
+    pub fn trim() -> bool {
+        tagalloc::SystemAllocator::new().garbage_collect();
         true
     }
 }

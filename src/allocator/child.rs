@@ -244,26 +244,41 @@ impl<P: BlockAllocator> Child<P> {
         if !P::THREAD_CACHE_LANES {
             return self.allocate_general(layout);
         }
-        let Some(class) = fast_class(layout) else {
-            return self.allocate_general(layout);
-        };
-        // SAFETY: the lane word is 0 or a lane's offset from the thread pointer (set once by
-        // `lanes::claim`); the class comes from the class table.
-        let p = unsafe {
-            thread_cache::lane_allocate(self.counters().lane_offset(), class, layout.size())
-        };
-        match NonNull::new(p) {
-            Some(ptr) => Some(Allocation {
-                ptr,
-                size: fast_class_size(class),
-            }),
-            None => self.allocate_lane_missed(layout, class),
+        if let Some(class) = fast_class(layout) {
+            // SAFETY: the lane word is 0 or a lane's offset from the thread pointer (set
+            // once by `lanes::claim`); the class comes from the class table.
+            let p = unsafe {
+                thread_cache::lane_allocate(self.counters().lane_offset(), class, layout.size())
+            };
+            if let Some(ptr) = NonNull::new(p) {
+                return Some(Allocation {
+                    ptr,
+                    size: fast_class_size(class),
+                });
+            }
+        }
+        self.allocate_missed(layout)
+    }
+
+    /// Everything but a pop from an open lane: out of line and reached from one call site,
+    /// so that the small path stays short and needs no stack frame where it is inlined (as
+    /// the global allocator, a frame and the general path inline cost the small path 89
+    /// instructions per pair instead of 63). The class is looked up again rather than
+    /// passed: keeping it live across the lane's pop cost the small path two instructions.
+    #[inline(never)]
+    fn allocate_missed(self, layout: Layout) -> Option<Allocation> {
+        match fast_class(layout) {
+            Some(class) => self.allocate_lane_missed(layout, class),
+            None => self.allocate_general(layout),
         }
     }
 
     /// A small allocation its lane did not serve: a refill (or a sampled allocation) if the
-    /// lane is open, else the general path (and, the first time, a lane asked for).
-    #[inline(never)]
+    /// lane is open, else the general path (and, the first time, a lane asked for). Inlined
+    /// into [`allocate_missed`](Self::allocate_missed): a frame more between the program and
+    /// the records' capture would push the program's own frames past the ones a capture
+    /// takes beyond those it shows (`records::stack::PLUMBING`).
+    #[inline(always)]
     fn allocate_lane_missed(self, layout: Layout, class: usize) -> Option<Allocation> {
         let lane = self.counters().lane_offset();
         // SAFETY: as in `allocate`.
@@ -387,20 +402,43 @@ impl<P: BlockAllocator> Child<P> {
     /// As for [`BlockAllocator::deallocate_block`].
     #[inline(always)]
     pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
-        let class = match fast_class(layout) {
-            Some(class) if P::THREAD_CACHE_LANES => class,
+        if !P::THREAD_CACHE_LANES {
             // SAFETY: forwarded from the caller.
-            _ => return unsafe { self.deallocate_general(ptr, layout) },
-        };
-        // The layout picks the block's class whatever path served it: every path gives a
-        // small layout this class's slots (`fast_class` agrees with `class_for`).
-        // SAFETY: as in `allocate`; the block is a live small block of this class.
-        unsafe {
-            let lane = self.counters().lane_offset();
-            if thread_cache::lane_free(lane, ptr.as_ptr(), class, layout.size()) {
+            return unsafe { self.deallocate_general(ptr, layout) };
+        }
+        if let Some(class) = fast_class(layout) {
+            // The layout picks the block's class whatever path served it: every path gives
+            // a small layout this class's slots (`fast_class` agrees with `class_for`).
+            // SAFETY: as in `allocate`; the block is a live small block of this class.
+            let freed = unsafe {
+                thread_cache::lane_free(
+                    self.counters().lane_offset(),
+                    ptr.as_ptr(),
+                    class,
+                    layout.size(),
+                )
+            };
+            if freed {
                 return fast_class_size(class);
             }
-            self.deallocate_lane_missed(ptr, layout, class)
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate_missed(ptr, layout) }
+    }
+
+    /// Everything but a push into an open lane, out of line for the reason given at
+    /// [`allocate_missed`](Self::allocate_missed).
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`].
+    #[inline(never)]
+    unsafe fn deallocate_missed(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match fast_class(layout) {
+                Some(class) => self.deallocate_lane_missed(ptr, layout, class),
+                None => self.deallocate_general(ptr, layout),
+            }
         }
     }
 
@@ -409,7 +447,7 @@ impl<P: BlockAllocator> Child<P> {
     ///
     /// # Safety
     /// As for [`BlockAllocator::deallocate_block`]; `class` is the block's.
-    #[inline(never)]
+    #[inline(always)]
     unsafe fn deallocate_lane_missed(
         self,
         ptr: NonNull<u8>,

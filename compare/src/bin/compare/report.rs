@@ -72,23 +72,49 @@ fn ms(m: f64) -> String {
     }
 }
 
-/// A table of one time metric: median and median absolute deviation per allocator, and tagalloc's ratio to the
-/// faster of mimalloc and jemalloc, with the geometric mean of the ratios as the last row.
+/// A ratio column of a time table: the median of `over` divided by the smallest median of
+/// `under` (the allocators present among them).
+struct RatioColumn {
+    label: &'static str,
+    over: &'static str,
+    under: &'static [&'static str],
+}
+
+/// The ratio columns a set of allocators gets: tagalloc against the faster of mimalloc and
+/// jemalloc, and a child of tagalloc's `SystemAllocator` against tagalloc itself.
+fn ratio_columns(allocs: &[&str]) -> Vec<RatioColumn> {
+    let candidates = [
+        RatioColumn {
+            label: "tagalloc ÷ best(mi, je)",
+            over: "tagalloc",
+            under: &["mimalloc", "jemalloc"],
+        },
+        RatioColumn {
+            label: "tagalloc-child ÷ tagalloc",
+            over: "tagalloc-child",
+            under: &["tagalloc"],
+        },
+    ];
+    candidates
+        .into_iter()
+        .filter(|c| allocs.contains(&c.over) && c.under.iter().any(|u| allocs.contains(u)))
+        .collect()
+}
+
+/// A table of one time metric: median and median absolute deviation per allocator, and the
+/// [`ratio_columns`], each with the geometric mean of its ratios as the last row.
 fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> String {
     let allocs = &opts.allocators;
     let values = |w: &'static str, a: &'static str| -> Option<Vec<f64>> {
         let s = results.samples.get(&(w, a)).filter(|s| !s.is_empty())?;
         Some(s.iter().map(metric).collect())
     };
-    let has_ratio = allocs.contains(&"tagalloc")
-        && (allocs.contains(&"mimalloc") || allocs.contains(&"jemalloc"));
+    let columns = ratio_columns(allocs);
     let mut header = vec!["workload".to_string()];
     header.extend(allocs.iter().map(|a| a.to_string()));
-    if has_ratio {
-        header.push("tagalloc ÷ best(mi, je)".into());
-    }
+    header.extend(columns.iter().map(|c| c.label.to_string()));
     let mut rows = vec![header];
-    let mut log_ratios = Vec::new();
+    let mut log_ratios = vec![Vec::new(); columns.len()];
     for w in &opts.workloads {
         let med = |a: &'static str| values(w.name, a).map(median);
         let mut row = vec![w.name.to_string()];
@@ -105,14 +131,15 @@ fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> 
                 }
             });
         }
-        if has_ratio {
-            let best = [med("mimalloc"), med("jemalloc")]
-                .into_iter()
-                .flatten()
+        for (column, logs) in columns.iter().zip(&mut log_ratios) {
+            let best = column
+                .under
+                .iter()
+                .filter_map(|u| med(u))
                 .fold(f64::INFINITY, f64::min);
-            row.push(match med("tagalloc") {
+            row.push(match med(column.over) {
                 Some(t) if best.is_finite() && best > 0.0 => {
-                    log_ratios.push((t / best).ln());
+                    logs.push((t / best).ln());
                     format!("{:.2}", t / best)
                 }
                 _ => "-".into(),
@@ -120,11 +147,17 @@ fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> 
         }
         rows.push(row);
     }
-    if !log_ratios.is_empty() {
+    if log_ratios.iter().any(|logs| !logs.is_empty()) {
         let mut row = vec!["geometric mean".to_string()];
         row.extend(allocs.iter().map(|_| String::new()));
-        let mean = log_ratios.iter().sum::<f64>() / log_ratios.len() as f64;
-        row.push(format!("{:.2}", mean.exp()));
+        for logs in &log_ratios {
+            row.push(if logs.is_empty() {
+                "-".into()
+            } else {
+                let mean = logs.iter().sum::<f64>() / logs.len() as f64;
+                format!("{:.2}", mean.exp())
+            });
+        }
         rows.push(row);
     }
     table(&rows)
