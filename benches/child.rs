@@ -10,30 +10,37 @@
 //! shards, see `src/allocator/stats.rs`).
 //!
 //! Instructions per pair (callgrind, deterministic; `examples/child_pairs.rs`, whose modes
-//! say how the layout reaches each call; it also prints ns per pair), at 93b587e:
+//! say how the layout reaches each call; it also prints ns per pair), at d334be7:
 //!
 //! | layout, size                     | system | child          | grandchild |
 //! |----------------------------------|-------:|---------------:|-----------:|
 //! | const, 16 B and 1 KiB            | 45     | 47 (+4.4 %)    | 47         |
-//! | opaque, 16 B and 1 KiB           | 66     | 67 (+1.5 %)    | 69         |
-//! | hoisted, 16 B and 1 KiB          | 46     | 57 (+24 %)     | 58         |
-//! | batch of 64, 16 B                | 70.2   | 78.2 (+11 %)   | 79.2       |
-//! | batch of 64, 1 KiB               | 99.5   | 107.8 (+8.3 %) | 108.8      |
-//! | opaque, 16 KiB (general path)    | 549    | 583 (+6.2 %)   | 611        |
-//! | opaque, 256 KiB (general path)   | 549    | 628 (+14 %)    | 710        |
+//! | opaque, 16 B and 1 KiB           | 66     | 65 (−1.5 %)    | 65         |
+//! | batch of 64, 16 B                | 70.2   | 71.2 (+1.4 %)  | 71.2       |
+//! | batch of 64, 1 KiB               | 99.5   | 101.1 (+1.6 %) | 101.1      |
+//! | opaque, 16 KiB (general path)    | 549    | 627 (+14 %)    | 700        |
+//! | opaque, 256 KiB (general path)   | 549    | 683 (+24 %)    | 812        |
 //!
-//! "hoisted" is one layout for a whole loop: the compiler moves the `SystemAllocator`'s size
-//! check and class lookup out of it, which the child's larger code keeps inside; "const" (a
-//! layout known at compile time, as for `Box<T>`) and "opaque" (computed per call, what this
-//! bench does with `black_box`) compare like with like.
+//! Since d334be7 everything but the lane's pop or push is one out-of-line call, so the
+//! small path needs no stack frame where it is inlined (through `__rust_alloc` a 32 B pair
+//! went from 89 instructions to 63; the `SystemAllocator`'s is 58), and the general path is
+//! no longer inlined into (and partly hoisted out of) the measuring loop: 583 and 628 before.
+//! Whole workloads through a child: `bash compare/run.sh --allocators
+//! tagalloc,tagalloc-child` (README).
+//!
+//! The example's "hoisted" mode (one layout for a whole loop, not in the table) lets the
+//! compiler move the `SystemAllocator`'s size check and class lookup out of the loop, which
+//! the child's larger code keeps inside; "const" (a layout known at compile time, as for
+//! `Box<T>`) and "opaque" (computed per call, what this bench does with `black_box`) compare
+//! like with like.
 //!
 //! The general path (16 KiB and up) costs, per call: one load and compare of the route word
 //! (a shard slot, and flags for a budget and for records, set when either changes), the
 //! thread cache's state, the shard's requested bytes, call count and running granted total
 //! compared with a threshold rewritten at each publish. A block over 64 KiB goes to the
 //! shared live figure at once (one `fetch_add` per call, so the peak stays exact): those two
-//! locked operations per pair are most of the 256 KiB row's extra time (+12 %; 16 KiB and
-//! 64 KiB +2 %). Before 335f3d1 the route, the budget limit and the records word were three
+//! locked operations per pair are most of the 256 KiB row's extra time (+12 % timed; 16 KiB
+//! +5 %). Before 335f3d1 the route, the budget limit and the records word were three
 //! separate tests and a big block paid a compare-and-swap on top (16 KiB 597, +8.5 %).
 
 use allocator_api2::alloc::Allocator;
