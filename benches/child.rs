@@ -10,7 +10,8 @@
 //! shards, see `src/allocator/stats.rs`).
 //!
 //! Instructions per pair (callgrind, deterministic; `examples/child_pairs.rs`, whose modes
-//! say how the layout reaches each call; it also prints ns per pair), at d334be7:
+//! say how the layout reaches each call; it also prints ns per pair), at d334be7 (general
+//! path rows after the review mend that follows it):
 //!
 //! | layout, size                     | system | child          | grandchild |
 //! |----------------------------------|-------:|---------------:|-----------:|
@@ -18,8 +19,8 @@
 //! | opaque, 16 B and 1 KiB           | 66     | 65 (−1.5 %)    | 65         |
 //! | batch of 64, 16 B                | 70.2   | 71.2 (+1.4 %)  | 71.2       |
 //! | batch of 64, 1 KiB               | 99.5   | 101.1 (+1.6 %) | 101.1      |
-//! | opaque, 16 KiB (general path)    | 549    | 627 (+14 %)    | 700        |
-//! | opaque, 256 KiB (general path)   | 549    | 683 (+24 %)    | 812        |
+//! | opaque, 16 KiB (general path)    | 549    | 631 (+15 %)    | 708        |
+//! | opaque, 256 KiB (general path)   | 549    | 687 (+25 %)    | 820        |
 //!
 //! Since d334be7 everything but the lane's pop or push is one out-of-line call, so the
 //! small path needs no stack frame where it is inlined (through `__rust_alloc` a 32 B pair
@@ -36,8 +37,10 @@
 //!
 //! The general path (16 KiB and up) costs, per call: one load and compare of the route word
 //! (a shard slot, and flags for a budget and for records, set when either changes), the
-//! thread cache's state, the shard's requested bytes, call count and running granted total
-//! compared with a threshold rewritten at each publish. A block over 64 KiB goes to the
+//! thread cache's state, the shard's requested bytes, call count and running granted total,
+//! whose distance from the published part is compared with the threshold. (Thresholds
+//! cached at each publish saved 4 instructions per 16 KiB pair, 627 against 631; they were
+//! dropped for the simpler comparison.) A block over 64 KiB goes to the
 //! shared live figure at once (one `fetch_add` per call, so the peak stays exact): those two
 //! locked operations per pair are most of the 256 KiB row's extra time (+12 % timed; 16 KiB
 //! +5 %). Before 335f3d1 the route, the budget limit and the records word were three

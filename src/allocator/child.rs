@@ -292,8 +292,8 @@ impl<P: BlockAllocator> Child<P> {
     }
 
     /// A small allocation its lane refused (no lane, or a closed one): the general path,
-    /// and the first time, a lane asked for. Out of line, so the lane's refills above keep
-    /// none of the general path's registers.
+    /// and the first time, a lane asked for. Out of line: the lane's refill above stays a
+    /// straight line, and a refused call (records on, a budget) pays one call more.
     #[inline(never)]
     fn allocate_lane_refused(self, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
@@ -464,8 +464,8 @@ impl<P: BlockAllocator> Child<P> {
         }
     }
 
-    /// A small free its lane refused (no lane, or a closed one): the general path. Out of
-    /// line, so the lane's overflows above keep none of its registers.
+    /// A small free its lane refused (no lane, or a closed one): the general path, out of
+    /// line as [`allocate_lane_refused`](Self::allocate_lane_refused).
     ///
     /// # Safety
     /// As for [`BlockAllocator::deallocate_block`].

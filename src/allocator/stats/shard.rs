@@ -101,13 +101,6 @@ pub(crate) struct Shard {
     granted: AtomicUsize,
     /// How much of `granted` is already in the shared live figure (compare-and-swap only).
     taken: AtomicUsize,
-    /// `taken + PUBLISH_BYTES` and `taken - PUBLISH_BYTES` (signed), rewritten by every
-    /// publish: the owner's calls compare the new total with one of them, without reading
-    /// `taken`. Two publishers racing may leave them one publish behind; the next publish
-    /// mends them, and meanwhile a total may wait for up to twice the threshold (such a race
-    /// needs another thread publishing this shard, which only a budget being set does).
-    ceiling: AtomicUsize,
-    floor: AtomicUsize,
     requested: AtomicUsize,
     allocations: AtomicU64,
     frees: AtomicU64,
@@ -131,8 +124,6 @@ impl Shard {
         Self {
             granted: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
-            ceiling: AtomicUsize::new(PUBLISH_BYTES),
-            floor: AtomicUsize::new(PUBLISH_BYTES.wrapping_neg()),
             requested: AtomicUsize::new(0),
             allocations: AtomicU64::new(0),
             frees: AtomicU64::new(0),
@@ -152,7 +143,7 @@ impl Shard {
         bump(&self.requested, requested);
         tick(&self.allocations);
         let g = self.granted.load(Relaxed).wrapping_add(granted);
-        if g as isize > self.ceiling.load(Relaxed) as isize {
+        if self.unpublished_after(g) > PUBLISH_BYTES as isize {
             return self.publish_crossing(owner, g, granted as isize);
         }
         self.granted.store(g, Relaxed);
@@ -164,7 +155,7 @@ impl Shard {
         drop_by(&self.requested, requested);
         tick(&self.frees);
         let g = self.granted.load(Relaxed).wrapping_sub(granted);
-        if (g as isize) < self.floor.load(Relaxed) as isize {
+        if self.unpublished_after(g) < -(PUBLISH_BYTES as isize) {
             return self.publish_crossing(owner, g, -(granted as isize));
         }
         self.granted.store(g, Relaxed);
@@ -228,20 +219,12 @@ impl Shard {
                 .compare_exchange_weak(taken, granted, AcqRel, Acquire)
             {
                 Ok(_) => {
-                    self.set_thresholds(granted);
                     owner.publish_granted(granted.wrapping_sub(taken));
                     return;
                 }
                 Err(now) => taken = now,
             }
         }
-    }
-
-    /// Sets the owner's publish thresholds around `taken`.
-    fn set_thresholds(&self, taken: usize) {
-        self.ceiling
-            .store(taken.wrapping_add(PUBLISH_BYTES), Relaxed);
-        self.floor.store(taken.wrapping_sub(PUBLISH_BYTES), Relaxed);
     }
 
     /// Adds this shard to `sum` (any thread). `taken` is read before `granted` (see
@@ -326,7 +309,6 @@ impl ShardSet {
             owner.absorb(&sum);
             shard.granted.store(0, Relaxed);
             shard.taken.store(0, Relaxed);
-            shard.set_thresholds(0);
             shard.requested.store(0, Relaxed);
             shard.allocations.store(0, Relaxed);
             shard.frees.store(0, Relaxed);
