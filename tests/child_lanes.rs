@@ -333,6 +333,8 @@ fn a_grandchild_lane_counts_in_its_parent_and_obeys_its_parents_budget() {
 fn a_thread_that_exits_hands_its_lane_counts_on() {
     let start = Leaver.stats();
     let layout = Layout::from_size_align(200, 8).unwrap();
+    // Resized on the thread: five in place (the class stays), five into another class.
+    let (same, other) = (196, 600);
     let kept: Vec<Block> = (0..8)
         .flat_map(|_| {
             std::thread::spawn(move || {
@@ -342,7 +344,18 @@ fn a_thread_that_exits_hands_its_lane_counts_on() {
                 for &ptr in gone {
                     give(Leaver, ptr, layout);
                 }
-                kept.iter().map(|&p| Block(p, layout)).collect::<Vec<_>>()
+                let mut kept: Vec<Block> = kept.iter().map(|&p| Block(p, layout)).collect();
+                for (i, Block(ptr, layout)) in kept.iter_mut().take(10).enumerate() {
+                    let size = if i < 5 { same } else { other };
+                    // SAFETY: a live block of `Leaver` with `layout`.
+                    let (block, _) = unsafe { Leaver.reallocate_block(*ptr, *layout, size) }
+                        .expect("out of memory");
+                    *layout = Layout::from_size_align(size, 8).unwrap();
+                    *ptr = block.ptr;
+                    // SAFETY: the block holds `size` bytes; `give` checks this pattern.
+                    unsafe { ptr.as_ptr().write_bytes(0xA5, size) };
+                }
+                kept
             })
             .join()
             .unwrap()
@@ -353,12 +366,20 @@ fn a_thread_that_exits_hands_its_lane_counts_on() {
         lanes_expected()
     );
     let st = Leaver.stats();
+    let at = |size| Layout::from_size_align(size, 8).unwrap();
+    let kept_granted = 20 * granted(layout) + 5 * granted(at(same)) + 5 * granted(at(other));
     assert_eq!(st.live_blocks, start.live_blocks + 8 * 30);
     assert_eq!(
         st.live_granted_bytes,
-        start.live_granted_bytes + 8 * 30 * granted(layout)
+        start.live_granted_bytes + 8 * kept_granted
+    );
+    assert_eq!(
+        st.live_requested_bytes.unwrap(),
+        start.live_requested_bytes.unwrap() + 8 * (20 * 200 + 5 * same + 5 * other)
     );
     assert_eq!(st.allocations, start.allocations + 8 * 50);
+    assert_eq!(st.frees, start.frees + 8 * 20);
+    assert_eq!(st.reallocations, start.reallocations + 8 * 10);
     assert!(st.peak_granted_bytes.unwrap() >= st.live_granted_bytes);
     for Block(ptr, layout) in kept {
         give(Leaver, ptr, layout);
@@ -367,4 +388,5 @@ fn a_thread_that_exits_hands_its_lane_counts_on() {
     assert_eq!(end.live_blocks, start.live_blocks);
     assert_eq!(end.live_granted_bytes, start.live_granted_bytes);
     assert_eq!(end.live_requested_bytes, start.live_requested_bytes);
+    assert_eq!(end.frees, start.frees + 8 * 50);
 }

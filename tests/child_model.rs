@@ -3,8 +3,9 @@
 //! calls and the `SystemAllocator`'s sampling turned on and off (which moves the children
 //! between their thread-cache lanes, sampling or not, and their general path),
 //! checked against a shadow model. No two live blocks overlap, every pointer is aligned,
-//! contents survive until freed or resized, and the statistics of both allocators equal what
-//! the model says after every step (the parent's include the grandchild's).
+//! contents survive until freed or resized, and the statistics of both allocators (live
+//! figures and the counts of allocations, frees and resizes) equal what the model says after
+//! every step (the parent's include the grandchild's).
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -62,12 +63,24 @@ struct Live {
     seed: u8,
 }
 
-/// The figures the model expects of one allocator: live blocks, granted and requested bytes.
+/// The figures the model expects of one allocator: live blocks, granted and requested bytes,
+/// and the calls since the start.
 #[derive(Default, Debug, PartialEq, Eq, Clone, Copy)]
 struct Expect {
     blocks: usize,
     granted: usize,
     requested: usize,
+    allocations: u64,
+    frees: u64,
+    reallocations: u64,
+}
+
+/// The calls made through one allocator since the start.
+#[derive(Default, Clone, Copy)]
+struct Calls {
+    allocations: u64,
+    frees: u64,
+    reallocations: u64,
 }
 
 fn figures(st: &AllocatorStats, start: &AllocatorStats) -> Expect {
@@ -75,6 +88,9 @@ fn figures(st: &AllocatorStats, start: &AllocatorStats) -> Expect {
         blocks: st.live_blocks - start.live_blocks,
         granted: st.live_granted_bytes - start.live_granted_bytes,
         requested: st.live_requested_bytes.unwrap() - start.live_requested_bytes.unwrap(),
+        allocations: st.allocations - start.allocations,
+        frees: st.frees - start.frees,
+        reallocations: st.reallocations - start.reallocations,
     }
 }
 
@@ -145,6 +161,8 @@ fn run(ops: Vec<Op>) {
     let kid_start = ModelKid.stats();
     let mut live: BTreeMap<usize, (NonNull<u8>, Live)> = BTreeMap::new();
     let mut seed = 0u8;
+    // Calls through the grandchild and through the parent itself.
+    let (mut kid_calls, mut parent_calls) = (Calls::default(), Calls::default());
     for (step, op) in ops.into_iter().enumerate() {
         match op {
             Op::Alloc {
@@ -154,6 +172,11 @@ fn run(ops: Vec<Op>) {
             } => {
                 let layout = Layout::from_size_align(size, 1 << align_log).unwrap();
                 let block = allocate(kid, layout);
+                if kid {
+                    kid_calls.allocations += 1;
+                } else {
+                    parent_calls.allocations += 1;
+                }
                 let addr = block.ptr.as_ptr() as usize;
                 assert_eq!(addr % layout.align(), 0, "step {step}: alignment");
                 assert!(block.size >= size);
@@ -191,6 +214,11 @@ fn run(ops: Vec<Op>) {
                 check(ptr, b.layout.size(), b.seed);
                 // SAFETY: a live block of that allocator with that layout.
                 let granted = unsafe { free(b.kid, ptr, b.layout) };
+                if b.kid {
+                    kid_calls.frees += 1;
+                } else {
+                    parent_calls.frees += 1;
+                }
                 assert_eq!(granted, b.granted, "step {step}: granted size at free");
             }
             Op::Realloc { pick, size } if !live.is_empty() => {
@@ -206,6 +234,11 @@ fn run(ops: Vec<Op>) {
                     }
                 }
                 .expect("out of memory");
+                if b.kid {
+                    kid_calls.reallocations += 1;
+                } else {
+                    parent_calls.reallocations += 1;
+                }
                 assert_eq!(old, b.granted, "step {step}: old granted size");
                 assert_eq!(block.ptr.as_ptr() as usize % b.layout.align(), 0);
                 check(block.ptr, b.layout.size().min(size), b.seed);
@@ -246,6 +279,12 @@ fn run(ops: Vec<Op>) {
         all.blocks += kid.blocks;
         all.granted += kid.granted;
         all.requested += kid.requested;
+        kid.allocations = kid_calls.allocations;
+        kid.frees = kid_calls.frees;
+        kid.reallocations = kid_calls.reallocations;
+        all.allocations = kid_calls.allocations + parent_calls.allocations;
+        all.frees = kid_calls.frees + parent_calls.frees;
+        all.reallocations = kid_calls.reallocations + parent_calls.reallocations;
         let (k, p) = (ModelKid.stats(), ModelParent.stats());
         assert_eq!(
             figures(&k, &kid_start),
@@ -271,8 +310,11 @@ fn run(ops: Vec<Op>) {
     ModelKid.set_budget(None, BudgetMode::Warn);
     ModelParent.set_budget(None, BudgetMode::Warn);
     let (k, p) = (ModelKid.stats(), ModelParent.stats());
-    assert_eq!(figures(&k, &kid_start), Expect::default());
-    assert_eq!(figures(&p, &parent_start), Expect::default());
+    let (k, p) = (figures(&k, &kid_start), figures(&p, &parent_start));
+    assert_eq!((k.blocks, k.granted, k.requested), (0, 0, 0));
+    assert_eq!((p.blocks, p.granted, p.requested), (0, 0, 0));
+    assert_eq!(k.allocations, k.frees);
+    assert_eq!(p.allocations, p.frees);
     // Every block is freed: no sampled record of the `SystemAllocator` may remain (the
     // children's blocks are the only ones it serves in this binary).
     let snapshot = tagalloc::records::snapshot();

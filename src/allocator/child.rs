@@ -128,11 +128,7 @@ unsafe impl BlockAllocator for SystemAllocator {
 
     #[inline]
     fn allocate_block_zeroed(self, layout: Layout) -> Option<Allocation> {
-        let block = self.allocate_block(layout)?;
-        // SAFETY: the block is ours and `size` bytes long. GlobalAlloc's `alloc_zeroed`
-        // only promises `layout.size()` zero bytes; the trait promises the whole block.
-        unsafe { block.ptr.as_ptr().write_bytes(0, block.size) };
-        Some(block)
+        self.allocate_granted_zeroed(layout)
     }
 
     #[inline(always)]
@@ -316,9 +312,26 @@ impl<P: BlockAllocator> Child<P> {
         self.allocate_counted(layout, false)
     }
 
-    /// Zeroed allocation; see [`BlockAllocator::allocate_block_zeroed`].
-    #[inline]
+    /// Zeroed allocation; see [`BlockAllocator::allocate_block_zeroed`]. A small request
+    /// takes the lane like [`allocate`](Self::allocate) and clears its slot here; anything
+    /// else asks the parent for a zeroed block, so that memory the parent knows to be zero
+    /// (pages fresh from the OS) is not written, and not made resident, again.
+    #[inline(always)]
     pub fn allocate_zeroed(&self, layout: Layout) -> Option<Allocation> {
+        if P::THREAD_CACHE_LANES && fast_class(layout).is_some() {
+            let block = self.allocate(layout)?;
+            // SAFETY: the block is ours and `size` bytes long.
+            unsafe { block.ptr.as_ptr().write_bytes(0, block.size) };
+            return Some(block);
+        }
+        self.allocate_zeroed_general(layout)
+    }
+
+    /// [`allocate_zeroed`](Self::allocate_zeroed) through the parent: out of line, as
+    /// [`allocate_missed`](Self::allocate_missed) is for plain allocations, so that a
+    /// recorded call stack holds as many allocator frames either way.
+    #[inline(never)]
+    fn allocate_zeroed_general(self, layout: Layout) -> Option<Allocation> {
         self.allocate_counted(layout, true)
     }
 
@@ -537,7 +550,9 @@ impl<P: BlockAllocator> Child<P> {
             .count_free(self.registration.budget(), granted, requested);
     }
 
-    /// Resizes through the parent, recounts the block and moves its record.
+    /// Resizes through the parent, recounts the block and moves its record. A small block
+    /// resized to a small size while the child's lane is open stays in the lane instead
+    /// (`reallocate_in_lane`).
     ///
     /// While a budget in [`BudgetMode::Fail`](crate::BudgetMode::Fail) is set, growth
     /// allocates a new block (which the budget may refuse, leaving the old one untouched),
@@ -553,6 +568,12 @@ impl<P: BlockAllocator> Child<P> {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)> {
+        if P::THREAD_CACHE_LANES {
+            // SAFETY: forwarded from the caller.
+            if let Some(done) = unsafe { self.reallocate_in_lane(ptr, layout, new_size) } {
+                return done;
+            }
+        }
         // Already registered by the block's allocation; kept so that a slot is only ever
         // claimed by a registered child (what the fast path relies on).
         self.registration.register();
@@ -561,6 +582,50 @@ impl<P: BlockAllocator> Child<P> {
         let result = unsafe { self.reallocate_unrecorded(ptr, layout, new_size) };
         records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
         result
+    }
+
+    /// A small block resized to a small size while the child's lane is open, kept in the
+    /// lane: in place if the size class stays, else an allocation from the lane, a copy and
+    /// a free into it. Through the parent, the move would take the new block from and give
+    /// the old one back to the parent's own lane, so the child's bins would keep emptying
+    /// and overflowing (a `String`-heavy program through a child spent twice as long giving
+    /// blocks back to the heap). Counted as one resize, as on the general path. `None`: not
+    /// small, or the lane not open here; the caller takes the general path.
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::reallocate_block`].
+    #[inline(always)]
+    unsafe fn reallocate_in_lane(
+        &self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<Option<(Allocation, usize)>> {
+        let old_class = fast_class(layout)?;
+        let new_layout = Layout::from_size_align(new_size, layout.align()).ok()?;
+        let new_class = fast_class(new_layout)?;
+        // SAFETY: the lane word is 0 or a lane's offset from the thread pointer.
+        let lane = unsafe { thread_cache::lane_for_resize(self.counters().lane_offset())? };
+        let old = fast_class_size(old_class);
+        if old_class == new_class {
+            lane.count_resize(layout.size(), new_size, false);
+            return Some(Some((Allocation { ptr, size: old }, old)));
+        }
+        // Out of memory leaves the old block as it was.
+        let Some(new) = self.allocate(new_layout) else {
+            return Some(None);
+        };
+        // SAFETY: both blocks are live and distinct, each at least as long as what is
+        // copied; the old one is then freed once, with its layout. Should the lane have
+        // been closed meanwhile, either call took the general path and counted itself in
+        // the child's shard: the totals, summed over shards and lanes, still balance.
+        unsafe {
+            ptr.as_ptr()
+                .copy_to_nonoverlapping(new.ptr.as_ptr(), layout.size().min(new_size));
+            self.deallocate(ptr, layout);
+        }
+        lane.count_resize(layout.size(), new_size, true);
+        Some(Some((new, old)))
     }
 
     /// # Safety

@@ -109,6 +109,21 @@ impl SystemAllocator {
         allocate_granted_slow(layout)
     }
 
+    /// [`allocate_granted`](Self::allocate_granted) with the whole granted block zeroed
+    /// (what [`BlockAllocator::allocate_block_zeroed`](crate::BlockAllocator) promises).
+    /// Large blocks are written only where they may be dirty: pages fresh from the OS are
+    /// not touched, so a big zeroed block costs no memory until it is used.
+    #[inline]
+    pub(crate) fn allocate_granted_zeroed(&self, layout: Layout) -> Option<Allocation> {
+        if fast_class(layout).is_some() {
+            let block = self.allocate_granted(layout)?;
+            // SAFETY: the block is ours and `size` bytes long.
+            unsafe { block.ptr.as_ptr().write_bytes(0, block.size) };
+            return Some(block);
+        }
+        allocate_granted_zeroed_slow(layout)
+    }
+
     /// `GlobalAlloc::dealloc` that returns the block's granted size, as
     /// [`allocate_granted`](Self::allocate_granted) reported it.
     ///
@@ -281,6 +296,27 @@ fn allocate_granted_slow(layout: Layout) -> Option<Allocation> {
     Some(Allocation { ptr, size })
 }
 
+/// [`SystemAllocator::allocate_granted_zeroed`] off the fast path: `alloc_zeroed` (which
+/// zeroes the requested bytes of a small block and the dirty part of a large one), then the
+/// rest of a small block's class.
+#[inline(never)]
+fn allocate_granted_zeroed_slow(layout: Layout) -> Option<Allocation> {
+    // SAFETY: `layout` has a non-zero size (BlockAllocator's contract).
+    let ptr = NonNull::new(unsafe { SystemAllocator::new().alloc_zeroed(layout) })?;
+    // SAFETY: `ptr` was just allocated with `layout`.
+    let size = unsafe { HEAP.usable_size(ptr, layout) };
+    if class_for(layout.size(), layout.align()).is_some() {
+        // SAFETY: the block is ours and `size` bytes long; its first `layout.size()` bytes
+        // are zero already.
+        unsafe {
+            ptr.as_ptr()
+                .add(layout.size())
+                .write_bytes(0, size - layout.size())
+        };
+    }
+    Some(Allocation { ptr, size })
+}
+
 /// [`SystemAllocator::deallocate_granted`] off the fast path, as
 /// [`allocate_granted_slow`].
 ///
@@ -448,9 +484,11 @@ fn alloc_zeroed_plain(layout: Layout) -> *mut u8 {
         None => {
             thread_cache::apply_environment_once();
             match allocate_large(layout) {
-                // SAFETY: past `dirty_prefix` the block already reads as zero.
+                // SAFETY: past `dirty_prefix` (at most the block's size) the block already
+                // reads as zero. The whole block is cleared, not just the requested bytes,
+                // for `allocate_granted_zeroed`; the difference is a few bytes of slack.
                 Some(g) => unsafe {
-                    g.ptr.write_bytes(0, g.dirty_prefix.min(layout.size()));
+                    g.ptr.write_bytes(0, g.dirty_prefix);
                     g.ptr
                 },
                 None => ptr::null_mut(),

@@ -809,6 +809,20 @@ unsafe fn lane_and_cache(lane: usize) -> Option<(&'static ThreadCache, &'static 
     Some((tc, lane))
 }
 
+/// The calling thread's lane at `lane` (see [`lane_thread_offset`]) when a child's small
+/// resize may stay in it: the lane is open without hooks (no sampling either) and the cache
+/// is live, so the lane's own paths serve the resize and its counts are this thread's to
+/// write. `None`: the child takes its general path.
+///
+/// # Safety
+/// As for [`lane_allocate`].
+#[inline(always)]
+pub(crate) unsafe fn lane_for_resize(lane: usize) -> Option<&'static Lane> {
+    // SAFETY: forwarded from the caller.
+    let (tc, lane) = unsafe { lane_and_cache(lane)? };
+    (lane.hooks.load(Relaxed) == 0 && tc.state.get() == STATE_ACTIVE).then_some(lane)
+}
+
 /// A child's small allocation from its lane (`lane`: see [`lane_thread_offset`]): pops a
 /// block of `class` and counts `size` requested bytes. Null when the child has no lane, the
 /// bin is empty or the lane is closed: then [`lane_allocate_missed`].

@@ -104,7 +104,10 @@ pub(super) struct ClassSlot {
 }
 
 /// A thread cache's bins and counts for one allocator: lane 0 for the `SystemAllocator`,
-/// the others for children that own them.
+/// the others for children that own them. Cache-line aligned, so that every lane's class
+/// slots fall on cache lines the way lane 0's do (a child lane 16 bytes off cost the
+/// `small` workload through a child about 10% of its time).
+#[repr(align(64))]
 pub(crate) struct Lane {
     /// In lane 0, what the `SystemAllocator`'s records ask of this thread's fast paths
     /// (`HOOK_*` in the parent module): a mirror of its settings word, written under the
@@ -131,6 +134,13 @@ pub(crate) struct Lane {
     /// Child lanes, owner only: the unpublished bytes of every class, summed as the owner
     /// last saw each on a slow path (see [`Lane::note_unpublished`]).
     pending: UnsafeCell<isize>,
+    /// Child lanes: resizes of small blocks kept in the lane (owner-written; see
+    /// [`Lane::count_resize`]).
+    resizes: AtomicU64,
+    /// Child lanes: of those, the ones that moved the block to another class: each is also
+    /// one allocation and one free in the per-class counts, which the totals take back out
+    /// (a resize is not an allocation). Owner-written.
+    moves: AtomicU64,
 }
 
 impl Lane {
@@ -159,6 +169,8 @@ impl Lane {
             }; CLASS_COUNT],
             published: [const { AtomicU32::new(0) }; CLASS_COUNT],
             pending: UnsafeCell::new(0),
+            resizes: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
         }
     }
 
@@ -479,6 +491,24 @@ impl Lane {
         for slot in &self.slots {
             sum.allocations = sum.allocations.wrapping_add(slot.allocations.load(Relaxed));
         }
+        let moves = self.moves.load(Relaxed);
+        sum.allocations = sum.allocations.wrapping_sub(moves);
+        sum.frees = sum.frees.wrapping_sub(moves);
+        sum.reallocations = sum.reallocations.wrapping_add(self.resizes.load(Relaxed));
+    }
+
+    /// Counts a resize of a small block that stays in this lane (owner only): in place
+    /// (`moved == false`: the requested bytes change from `old_size` to `new_size`), or
+    /// into another class (the allocation and free that moved it were counted already).
+    #[inline(always)]
+    pub(crate) fn count_resize(&self, old_size: usize, new_size: usize, moved: bool) {
+        if moved {
+            self.moves.store(self.moves.load(Relaxed) + 1, Relaxed);
+        } else {
+            self.add_requested(new_size);
+            self.sub_requested(old_size);
+        }
+        self.resizes.store(self.resizes.load(Relaxed) + 1, Relaxed);
     }
 
     /// Counts `size` requested bytes of a block the owner just took from this lane.
@@ -500,6 +530,8 @@ impl Lane {
     pub(super) fn reset_counts(&self) {
         self.requested_in.store(0, Relaxed);
         self.requested_out.store(0, Relaxed);
+        self.resizes.store(0, Relaxed);
+        self.moves.store(0, Relaxed);
         for (slot, published) in self.slots.iter().zip(&self.published) {
             slot.allocations.store(0, Relaxed);
             slot.frees.store(0, Relaxed);
