@@ -42,8 +42,10 @@
 //! cached at each publish saved 4 instructions per 16 KiB pair, 627 against 631; they were
 //! dropped for the simpler comparison.) A block over 64 KiB goes to the
 //! shared live figure at once (one `fetch_add` per call, so the peak stays exact): those two
-//! locked operations per pair are most of the 256 KiB row's extra time (+12 % timed; 16 KiB
-//! +5 %). Before 335f3d1 the route, the budget limit and the records word were three
+//! locked operations per pair are most of the 256 KiB row's extra time (at 8b0a872, medians
+//! of 7 interleaved runs: 256 KiB 34.9 / 40.4 ns, +16 %; 16 KiB 34.9 / 38.1 ns, +9 %; with
+//! the publication switched off as an experiment, 256 KiB was +7 %). The instruction rows
+//! were measured again at 8b0a872 and are unchanged. Before 335f3d1 the route, the budget limit and the records word were three
 //! separate tests and a big block paid a compare-and-swap on top (16 KiB 597, +8.5 %).
 
 use allocator_api2::alloc::Allocator;
