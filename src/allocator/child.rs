@@ -615,10 +615,11 @@ impl<P: BlockAllocator> Child<P> {
         let Some(new) = self.allocate(new_layout) else {
             return Some(None);
         };
+        // Should the lane have been closed meanwhile, the allocation above or the free
+        // below took the general path and counted itself in the child's shard: the
+        // totals, summed over shards and lanes, still balance.
         // SAFETY: both blocks are live and distinct, each at least as long as what is
-        // copied; the old one is then freed once, with its layout. Should the lane have
-        // been closed meanwhile, either call took the general path and counted itself in
-        // the child's shard: the totals, summed over shards and lanes, still balance.
+        // copied; the old one is then freed once, with its layout.
         unsafe {
             ptr.as_ptr()
                 .copy_to_nonoverlapping(new.ptr.as_ptr(), layout.size().min(new_size));

@@ -483,10 +483,10 @@ fn alloc_zeroed_plain(layout: Layout) -> *mut u8 {
         }
         None => {
             thread_cache::apply_environment_once();
+            // The whole block is cleared, not just the requested bytes, for
+            // `allocate_granted_zeroed`; the difference is a few bytes of slack.
             match allocate_large(layout) {
-                // SAFETY: past `dirty_prefix` (at most the block's size) the block already
-                // reads as zero. The whole block is cleared, not just the requested bytes,
-                // for `allocate_granted_zeroed`; the difference is a few bytes of slack.
+                // SAFETY: past `dirty_prefix` (at most the block's size) it reads as zero.
                 Some(g) => unsafe {
                     g.ptr.write_bytes(0, g.dirty_prefix);
                     g.ptr

@@ -794,6 +794,13 @@ fn lane_usable(tc: &ThreadCache, lane: &Lane) -> bool {
         && (lanes::serves(lane.hooks.load(Relaxed)) || tc.open_lane(lane))
 }
 
+/// Whether `lane` of this thread's cache `tc` is on the straight line of the miss paths
+/// and of a child's resize: open without hooks (no sampling either) on a live cache.
+#[inline(always)]
+fn lane_plain(tc: &ThreadCache, lane: &Lane) -> bool {
+    lane.hooks.load(Relaxed) == 0 && tc.state.get() == STATE_ACTIVE
+}
+
 /// The calling thread's cache, for a miss path that found its lane at `lane` (see
 /// [`lane_of_thread`]): `None` without a lane.
 ///
@@ -820,7 +827,7 @@ unsafe fn lane_and_cache(lane: usize) -> Option<(&'static ThreadCache, &'static 
 pub(crate) unsafe fn lane_for_resize(lane: usize) -> Option<&'static Lane> {
     // SAFETY: forwarded from the caller.
     let (tc, lane) = unsafe { lane_and_cache(lane)? };
-    (lane.hooks.load(Relaxed) == 0 && tc.state.get() == STATE_ACTIVE).then_some(lane)
+    lane_plain(tc, lane).then_some(lane)
 }
 
 /// A child's small allocation from its lane (`lane`: see [`lane_thread_offset`]): pops a
@@ -865,9 +872,7 @@ pub(crate) unsafe fn lane_allocate_missed(
     // open, so its bins and marks are this thread's to refill.
     unsafe {
         let (tc, lane) = lane_and_cache(lane)?;
-        if lane.hooks.load(Relaxed) != 0
-            || tc.state.get() != STATE_ACTIVE
-            || lane.slots.get_unchecked(class).open_until.load(Relaxed) != OPEN
+        if !lane_plain(tc, lane) || lane.slots.get_unchecked(class).open_until.load(Relaxed) != OPEN
         {
             return lane_allocate_hooked(tc, lane, class, layout);
         }
@@ -957,7 +962,7 @@ pub(crate) unsafe fn lane_free_missed(
         let Some((tc, lane)) = lane_and_cache(lane) else {
             return false;
         };
-        if lane.hooks.load(Relaxed) != 0 || tc.state.get() != STATE_ACTIVE {
+        if !lane_plain(tc, lane) {
             return lane_free_hooked(tc, lane, ptr, class, size);
         }
         tc.free(lane, ptr, class);
