@@ -393,8 +393,8 @@ macro_rules! allocator {
 
             impl $name {
                 #[inline(always)]
-                fn __tagalloc_child() -> $crate::child::Child<$parent> {
-                    $crate::child::Child::new(&REGISTRATION)
+                fn __tagalloc_child() -> $crate::child::Child<$parent, $name> {
+                    $crate::child::Child::new()
                 }
             }
 
@@ -406,7 +406,7 @@ macro_rules! allocator {
                 // its parent's are.
                 const THREAD_CACHE_LANES: bool =
                     <$parent as $crate::BlockAllocator>::THREAD_CACHE_LANES;
-                #[inline]
+                #[inline(always)]
                 fn registration() -> &'static $crate::Registration {
                     &REGISTRATION
                 }

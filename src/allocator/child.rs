@@ -24,21 +24,27 @@
 //! **The general path**, for everything else (large requests, children without a lane,
 //! and every call while the child or a child above it has a budget or records): before the
 //! parent's call, one compare of the route word says the allocator has a shard slot
-//! (claimed only once it is registered) and neither a budget nor records; after it, the
-//! thread's cache is live, and the block is counted in the thread's shard with owner-only
-//! loads and stores (see [`Counters`]). Every other case (first call, budget, records, no
-//! slot, a thread's first or last calls) leaves that path for code kept out of line.
+//! (claimed only once it is registered) and neither a budget nor records, and one more that
+//! the thread's cache is live; the block is then counted in the thread's shard with
+//! owner-only loads and stores (see [`Counters`]): after the parent's call for an
+//! allocation, before it for a free of a heap block (whose granted size the block's header
+//! says), so that the free's call to the parent is a jump and keeps no frame. Every other
+//! case (first call, budget, records, no slot, a thread's first or last calls) leaves that
+//! path for code kept out of line. Each handle has its own copy of these paths, which know
+//! its registry entry as a constant.
 
 use crate::budget::BudgetEvent;
 use crate::lanes;
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::Allocation;
+use crate::schema::hpha::large::LargeHeap;
 use crate::schema::hpha::size_class::{class_size, fast_class, fast_class_size};
 use crate::stats::{Counters, Slot};
 use crate::system::SystemAllocator;
 use crate::thread_cache;
 use core::alloc::{GlobalAlloc, Layout};
+use core::marker::PhantomData;
 use core::ptr::NonNull;
 
 /// An allocator that hands out blocks and says how big they really are: what a child
@@ -105,8 +111,10 @@ unsafe fn heap_granted(ptr: NonNull<u8>, layout: Layout) -> usize {
     if let Some(class) = fast_class(layout) {
         fast_class_size(class)
     } else {
+        // A non-zero size that `fast_class` leaves out is past the small classes, so the
+        // block is the large heap's (`fast_class` agrees with the heap's `class_for`).
         // SAFETY: forwarded from the caller.
-        unsafe { SystemAllocator::new().usable_size(ptr, layout) }
+        unsafe { LargeHeap::usable_size(ptr.as_ptr()) }
     }
 }
 
@@ -156,27 +164,42 @@ unsafe impl BlockAllocator for SystemAllocator {
     }
 }
 
-/// The child logic, for one registration and one parent. Handles declared with
+/// The child logic of handle `H`, whose parent is `P`. Handles declared with
 /// [`allocator!`](crate::allocator) (`child of …`) delegate to it.
+///
+/// The handle is a type parameter, not a field, so that each handle's out-of-line paths
+/// know its registry entry as a constant: no register holds it across the parent's call.
 #[derive(Clone, Copy, Debug)]
-pub struct Child<P: BlockAllocator> {
-    registration: &'static Registration,
+pub struct Child<P: BlockAllocator, H: BlockAllocator> {
     parent: P,
+    handle: PhantomData<H>,
 }
 
-impl<P: BlockAllocator> Child<P> {
-    /// The child with entry `registration` (which must name `P` as its parent).
-    #[inline]
-    pub fn new(registration: &'static Registration) -> Self {
+impl<P: BlockAllocator, H: BlockAllocator> Default for Child<P, H> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
+    /// The child logic of `H` (whose registry entry must name `P` as its parent).
+    #[inline(always)]
+    pub const fn new() -> Self {
         Self {
-            registration,
             parent: P::INSTANCE,
+            handle: PhantomData,
         }
+    }
+
+    /// The handle's registry entry (a constant once inlined).
+    #[inline(always)]
+    fn registration(&self) -> &'static Registration {
+        H::registration()
     }
 
     #[inline]
     fn counters(&self) -> &'static Counters {
-        self.registration.counters()
+        self.registration().counters()
     }
 
     /// Counts a block the parent just granted; refuses it (and gives it back) if that
@@ -184,7 +207,7 @@ impl<P: BlockAllocator> Child<P> {
     #[inline]
     fn account(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
-        if counters.count_allocation(self.registration.budget(), block.size, layout.size()) {
+        if counters.count_allocation(self.registration().budget(), block.size, layout.size()) {
             return Some(block);
         }
         self.account_exact(block, layout)
@@ -197,7 +220,7 @@ impl<P: BlockAllocator> Child<P> {
     fn account_exact(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
         let live = counters.add_granted(block.size);
-        if self.registration.budget().exceeded_by(live) && !self.over_budget(live, block.size) {
+        if self.registration().budget().exceeded_by(live) && !self.over_budget(live, block.size) {
             counters.undo_granted(block.size);
             // SAFETY: the parent just gave us this block for `layout`.
             unsafe { self.parent.deallocate_block(block.ptr, layout) };
@@ -211,11 +234,11 @@ impl<P: BlockAllocator> Child<P> {
     #[cold]
     #[inline(never)]
     fn over_budget(&self, live: usize, request: usize) -> bool {
-        let budget = self.registration.budget();
+        let budget = self.registration().budget();
         let counters = self.counters();
         let refused = budget.enforced();
         let event = BudgetEvent {
-            allocator: self.registration.name(),
+            allocator: self.registration().name(),
             budget: budget.limit().unwrap_or(usize::MAX),
             live_bytes: live,
             request_bytes: request,
@@ -256,22 +279,51 @@ impl<P: BlockAllocator> Child<P> {
         self.allocate_missed(layout)
     }
 
-    /// Everything but a pop from an open lane: out of line and reached from one call site,
-    /// so that the small path stays short and needs no stack frame where it is inlined (as
-    /// the global allocator, a frame and the general path inline cost the small path 89
-    /// instructions per pair instead of 63). The class is looked up again rather than
-    /// passed: keeping it live across the lane's pop cost the small path two instructions.
+    /// Everything but a pop from an open lane: a jump to one of two out-of-line paths, the
+    /// lane's refill or the general path for big requests. Out of line and reached from one
+    /// call site, so that the small path stays short and needs no stack frame where it is
+    /// inlined (as the global allocator, a frame and the general path inline cost the small
+    /// path 89 instructions per pair instead of 63; a second call site cost a batch of small
+    /// pairs three instructions per pair). It keeps no frame of its own: a frame shared with
+    /// the refill would cost a big request more than the repeated class test does.
     #[inline(never)]
     fn allocate_missed(self, layout: Layout) -> Option<Allocation> {
         match fast_class(layout) {
+            Some(_) => self.allocate_small_missed(layout),
+            // SAFETY: `fast_class` said `None`.
+            None => unsafe { self.allocate_big(layout) },
+        }
+    }
+
+    /// A request past the lanes (larger than 4 KiB once rounded up to its alignment): the
+    /// general path, out of line and reached straight from [`allocate`](Self::allocate), so
+    /// that it neither looks the class up again nor shares a frame with the lanes' refill.
+    ///
+    /// # Safety
+    /// `fast_class(layout)` is `None`.
+    #[inline(never)]
+    unsafe fn allocate_big(self, layout: Layout) -> Option<Allocation> {
+        // SAFETY: forwarded from the caller. Told to the optimiser, so that the parent's
+        // own test for a small request (inlined below) folds away.
+        unsafe { core::hint::assert_unchecked(fast_class(layout).is_none()) };
+        self.allocate_general(layout)
+    }
+
+    /// A small request its lane's pop did not serve, jumped to from
+    /// [`allocate_missed`](Self::allocate_missed). The class is looked up again rather than
+    /// passed: keeping it live across the lane's pop cost the small path two instructions.
+    #[inline(never)]
+    fn allocate_small_missed(self, layout: Layout) -> Option<Allocation> {
+        match fast_class(layout) {
             Some(class) => self.allocate_lane_missed(layout, class),
-            None => self.allocate_general(layout),
+            // SAFETY: `fast_class` said `None`.
+            None => unsafe { self.allocate_big(layout) },
         }
     }
 
     /// A small allocation its lane did not serve: a refill (or a sampled allocation) if the
     /// lane is open, else the general path (and, the first time, a lane asked for). Inlined
-    /// into [`allocate_missed`](Self::allocate_missed): a frame more between the program and
+    /// into [`allocate_small_missed`](Self::allocate_small_missed): a frame more between the program and
     /// the records' capture would push the program's own frames past the ones a capture
     /// takes beyond those it shows (`records::stack::PLUMBING`).
     #[inline(always)]
@@ -295,7 +347,7 @@ impl<P: BlockAllocator> Child<P> {
         let counters = self.counters();
         let block = self.allocate_general(layout);
         if counters.lane_unclaimed() && thread_cache::lanes_reachable() {
-            lanes::claim(self.registration);
+            lanes::claim(self.registration());
         }
         block
     }
@@ -346,11 +398,24 @@ impl<P: BlockAllocator> Child<P> {
                 None => self.allocate_slow(layout, zeroed),
             };
         };
-        let block = self.parent_allocate(layout, zeroed)?;
-        if !counters.shard_allocate(slot, block.size, layout.size()) {
-            return self.account_recorded(block, layout);
+        if !thread_cache::shards_active() {
+            return self.allocate_unsharded(layout, zeroed);
         }
+        // Checked before the parent's call, so that nothing but the requested size and the
+        // slot has to outlive it: the cache cannot retire during the call.
+        let block = self.parent_allocate(layout, zeroed)?;
+        counters.live_shard_allocate(slot, block.size, layout.size());
         Some(block)
+    }
+
+    /// [`allocate_counted`](Self::allocate_counted) on a thread whose cache is not live (its
+    /// first call, or its last ones while it exits): counted with
+    /// [`account`](Self::account), which registers the cache or uses the shared atomics.
+    #[cold]
+    #[inline(never)]
+    fn allocate_unsharded(self, layout: Layout, zeroed: bool) -> Option<Allocation> {
+        let block = self.parent_allocate(layout, zeroed)?;
+        self.account_recorded(block, layout)
     }
 
     /// The parent's allocation, zeroed or not.
@@ -377,7 +442,7 @@ impl<P: BlockAllocator> Child<P> {
         {
             return self.account_recorded(block, layout);
         }
-        records::after_alloc(self.registration, block.ptr, layout, block.size);
+        records::after_alloc(self.registration(), block.ptr, layout, block.size);
         Some(block)
     }
 
@@ -387,7 +452,7 @@ impl<P: BlockAllocator> Child<P> {
     #[cold]
     #[inline(never)]
     fn allocate_slow(self, layout: Layout, zeroed: bool) -> Option<Allocation> {
-        self.registration.register();
+        self.registration().register();
         let block = self.parent_allocate(layout, zeroed)?;
         self.account_recorded(block, layout)
     }
@@ -397,13 +462,13 @@ impl<P: BlockAllocator> Child<P> {
     #[inline(never)]
     fn account_recorded(self, block: Allocation, layout: Layout) -> Option<Allocation> {
         let block = self.account(block, layout)?;
-        records::after_alloc(self.registration, block.ptr, layout, block.size);
+        records::after_alloc(self.registration(), block.ptr, layout, block.size);
         Some(block)
     }
 
     #[inline]
     fn allocate_unrecorded(&self, layout: Layout) -> Option<Allocation> {
-        self.registration.register();
+        self.registration().register();
         let block = self.parent.allocate_block(layout)?;
         self.account(block, layout)
     }
@@ -439,18 +504,47 @@ impl<P: BlockAllocator> Child<P> {
         unsafe { self.deallocate_missed(ptr, layout) }
     }
 
-    /// Everything but a push into an open lane, out of line for the reason given at
-    /// [`allocate_missed`](Self::allocate_missed).
+    /// Everything but a push into an open lane, as [`allocate_missed`](Self::allocate_missed).
     ///
     /// # Safety
     /// As for [`BlockAllocator::deallocate_block`].
     #[inline(never)]
     unsafe fn deallocate_missed(self, ptr: NonNull<u8>, layout: Layout) -> usize {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: forwarded from the caller; for `deallocate_big`, `fast_class` said `None`.
+        unsafe {
+            match fast_class(layout) {
+                Some(_) => self.deallocate_small_missed(ptr, layout),
+                None => self.deallocate_big(ptr, layout),
+            }
+        }
+    }
+
+    /// A block past the lanes: the general path, out of line for the reasons given at
+    /// [`allocate_big`](Self::allocate_big).
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`]; `fast_class(layout)` is `None`.
+    #[inline(never)]
+    unsafe fn deallocate_big(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller (the hint as in `allocate_big`).
+        unsafe {
+            core::hint::assert_unchecked(fast_class(layout).is_none());
+            self.deallocate_general(ptr, layout)
+        }
+    }
+
+    /// A small free its lane's push did not take, jumped to from
+    /// [`deallocate_missed`](Self::deallocate_missed).
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`].
+    #[inline(never)]
+    unsafe fn deallocate_small_missed(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller; for `deallocate_big`, `fast_class` said `None`.
         unsafe {
             match fast_class(layout) {
                 Some(class) => self.deallocate_lane_missed(ptr, layout, class),
-                None => self.deallocate_general(ptr, layout),
+                None => self.deallocate_big(ptr, layout),
             }
         }
     }
@@ -502,13 +596,59 @@ impl<P: BlockAllocator> Child<P> {
             // SAFETY: forwarded from the caller.
             return unsafe { self.deallocate_flagged(ptr, layout) };
         };
+        if !thread_cache::shards_active() {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.deallocate_unsharded(ptr, layout) };
+        }
+        if P::THREAD_CACHE_LANES {
+            // The block is the heap's, its granted size the heap's whatever the chain of
+            // children above: count the free first, and the parent's call is the last thing
+            // here (a jump, no frame kept across it).
+            // SAFETY: forwarded from the caller: a live heap block of this layout.
+            let granted = unsafe { heap_granted(ptr, layout) };
+            if !counters.live_shard_free_within(slot, granted, layout.size()) {
+                // SAFETY: forwarded from the caller.
+                return unsafe { self.deallocate_crossing(ptr, layout, slot, granted) };
+            }
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.parent.deallocate_block(ptr, layout) };
+        }
         // SAFETY: forwarded from the caller.
         let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
-        let requested = layout.size();
-        if !counters.shard_free(slot, granted, requested) {
-            self.count_free_slow(granted, requested);
-        }
+        counters.live_shard_free(slot, granted, layout.size());
         granted
+    }
+
+    /// The end of [`deallocate_general`](Self::deallocate_general) when the free publishes
+    /// the thread's granted bytes: out of line, so that the common case keeps no frame.
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`]; the free is counted in the live shard of
+    /// `slot` but for its `granted` bytes.
+    #[cold]
+    #[inline(never)]
+    unsafe fn deallocate_crossing(
+        self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        slot: Slot,
+        granted: usize,
+    ) -> usize {
+        self.counters().live_shard_free_crossing(slot, granted);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.parent.deallocate_block(ptr, layout) }
+    }
+
+    /// [`deallocate_general`](Self::deallocate_general) on a thread whose cache is not
+    /// live, as [`allocate_unsharded`](Self::allocate_unsharded).
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn deallocate_unsharded(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate_unrecorded(ptr, layout) }
     }
 
     /// [`deallocate_general`](Self::deallocate_general) when the route is not a plain
@@ -519,7 +659,7 @@ impl<P: BlockAllocator> Child<P> {
     /// As for [`BlockAllocator::deallocate_block`].
     #[inline(never)]
     unsafe fn deallocate_flagged(self, ptr: NonNull<u8>, layout: Layout) -> usize {
-        records::before_free(self.registration, ptr);
+        records::before_free(self.registration(), ptr);
         // SAFETY: forwarded from the caller.
         unsafe { self.deallocate_unrecorded(ptr, layout) }
     }
@@ -545,9 +685,9 @@ impl<P: BlockAllocator> Child<P> {
     #[inline(never)]
     fn count_free_slow(self, granted: usize, requested: usize) {
         // Normally registered by its allocation already; cheap if so.
-        self.registration.register();
+        self.registration().register();
         self.counters()
-            .count_free(self.registration.budget(), granted, requested);
+            .count_free(self.registration().budget(), granted, requested);
     }
 
     /// Resizes through the parent, recounts the block and moves its record. A small block
@@ -576,8 +716,8 @@ impl<P: BlockAllocator> Child<P> {
         }
         // Already registered by the block's allocation; kept so that a slot is only ever
         // claimed by a registered child (what the fast path relies on).
-        self.registration.register();
-        let taken = records::before_realloc(self.registration, ptr);
+        self.registration().register();
+        let taken = records::before_realloc(self.registration(), ptr);
         // SAFETY: forwarded from the caller.
         let result = unsafe { self.reallocate_unrecorded(ptr, layout, new_size) };
         records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
@@ -638,7 +778,7 @@ impl<P: BlockAllocator> Child<P> {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)> {
-        if new_size > layout.size() && self.registration.budget().enforced() {
+        if new_size > layout.size() && self.registration().budget().enforced() {
             let new_layout = Layout::from_size_align(new_size, layout.align()).ok()?;
             let new = self.allocate_unrecorded(new_layout)?;
             // SAFETY: both blocks are live and distinct; the old one holds at least
@@ -653,12 +793,12 @@ impl<P: BlockAllocator> Child<P> {
         // SAFETY: forwarded from the caller.
         let (new, old) = unsafe { self.parent.reallocate_block(ptr, layout, new_size)? };
         let counters = self.counters();
-        let budget = self.registration.budget();
+        let budget = self.registration().budget();
         if counters.count_resize(budget, old, new.size, layout.size().min(old), new_size) {
             return Some((new, old));
         }
         let live = counters.record_resize(old, new.size, layout.size().min(old), new_size);
-        if new.size > old && self.registration.budget().exceeded_by(live) {
+        if new.size > old && self.registration().budget().exceeded_by(live) {
             // Warn mode (Fail mode took the branch above): the hook is told, the block kept.
             self.over_budget(live, new.size - old);
         }
@@ -685,6 +825,8 @@ mod tests {
                         heap.usable_size(block.ptr, layout),
                         "{layout:?}"
                     );
+                    // What a child's free counts before it frees.
+                    assert_eq!(block.size, heap_granted(block.ptr, layout), "{layout:?}");
                     assert_eq!(heap.deallocate_block(block.ptr, layout), block.size);
                 }
             }

@@ -419,6 +419,41 @@ impl Counters {
             .is_some()
     }
 
+    /// Counts an allocation in the calling thread's shard of `slot`, the thread's cache
+    /// known to be live ([`thread_cache::shards_active`] said so earlier in this call).
+    #[inline(always)]
+    pub(crate) fn live_shard_allocate(&'static self, slot: Slot, granted: usize, requested: usize) {
+        thread_cache::with_live_shards(|set| slot.of(set).allocate(self, granted, requested));
+    }
+
+    /// Counts a free in the calling thread's shard of `slot`, as
+    /// [`live_shard_allocate`](Self::live_shard_allocate).
+    #[inline(always)]
+    pub(crate) fn live_shard_free(&'static self, slot: Slot, granted: usize, requested: usize) {
+        thread_cache::with_live_shards(|set| slot.of(set).free(self, granted, requested));
+    }
+
+    /// [`live_shard_free`](Self::live_shard_free) unless the free must publish: then
+    /// `false`, and the caller finishes with
+    /// [`live_shard_free_crossing`](Self::live_shard_free_crossing) (see
+    /// `Shard::free_within`).
+    #[inline(always)]
+    pub(crate) fn live_shard_free_within(
+        &self,
+        slot: Slot,
+        granted: usize,
+        requested: usize,
+    ) -> bool {
+        thread_cache::with_live_shards(|set| slot.of(set).free_within(granted, requested))
+    }
+
+    /// Finishes a free that [`live_shard_free_within`](Self::live_shard_free_within) left
+    /// (inlined into its caller's cold path).
+    #[inline(always)]
+    pub(crate) fn live_shard_free_crossing(&'static self, slot: Slot, granted: usize) {
+        thread_cache::with_live_shards(|set| slot.of(set).free_crossing(self, granted));
+    }
+
     /// Runs `op` on the calling thread's shard in the common case: no budget, a slot, and a
     /// registered, live thread cache. `false`: not counted; try
     /// [`count_in_shard_slow`](Self::count_in_shard_slow).

@@ -1225,6 +1225,28 @@ pub(crate) fn with_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> Option<R> {
     })
 }
 
+/// Whether the calling thread's cache is registered and live, so that its counter shards
+/// take counts. Once true on a thread it stays true until the thread exits: a general-path
+/// call checks it before the parent's call and counts with [`with_live_shards`] after.
+#[inline(always)]
+pub(crate) fn shards_active() -> bool {
+    CACHE.with(|tc| tc.state.get() == STATE_ACTIVE)
+}
+
+/// Runs `f` on the calling thread's counter shards, which [`shards_active`] said earlier in
+/// the same call are live (a cache retires only when its thread exits, so they still are).
+#[inline(always)]
+pub(crate) fn with_live_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> R {
+    CACHE.with(|tc| {
+        debug_assert_eq!(
+            tc.state.get(),
+            STATE_ACTIVE,
+            "shards counted after retirement"
+        );
+        f(&tc.shards)
+    })
+}
+
 /// Runs `f` on the calling thread's counter shards if its cache is registered and live;
 /// `None` otherwise (then [`with_shards`] registers it). The common case: one TLS access
 /// and one compare.

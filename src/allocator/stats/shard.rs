@@ -152,13 +152,33 @@ impl Shard {
     /// Counts a free (owner only).
     #[inline(always)]
     pub(crate) fn free(&self, owner: &Counters, granted: usize, requested: usize) {
+        if !self.free_within(granted, requested) {
+            self.free_crossing(owner, granted);
+        }
+    }
+
+    /// Counts a free (owner only) unless its granted bytes take the unpublished part below
+    /// the threshold: then only the requested bytes and the event are counted, and `false`
+    /// says the caller must finish with [`free_crossing`](Self::free_crossing). Calls
+    /// nothing, so a caller that frees next can jump to the free instead of calling it.
+    #[inline(always)]
+    pub(crate) fn free_within(&self, granted: usize, requested: usize) -> bool {
         drop_by(&self.requested, requested);
         tick(&self.frees);
         let g = self.granted.load(Relaxed).wrapping_sub(granted);
         if self.unpublished_after(g) < -(PUBLISH_BYTES as isize) {
-            return self.publish_crossing(owner, g, -(granted as isize));
+            return false;
         }
         self.granted.store(g, Relaxed);
+        true
+    }
+
+    /// The granted part of a free that [`free_within`](Self::free_within) left undone,
+    /// published (owner only; the publication itself is out of line).
+    #[inline(always)]
+    pub(crate) fn free_crossing(&self, owner: &Counters, granted: usize) {
+        let g = self.granted.load(Relaxed).wrapping_sub(granted);
+        self.publish_crossing(owner, g, -(granted as isize));
     }
 
     /// A call whose `change` of granted bytes takes the unpublished part past the threshold

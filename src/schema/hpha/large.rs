@@ -558,6 +558,7 @@ impl LargeHeap {
     ///
     /// # Safety
     /// `ptr` must be a live block of this heap.
+    #[inline]
     pub(crate) unsafe fn usable_size(ptr: *mut u8) -> usize {
         // SAFETY: a live block has a valid header before it.
         unsafe { size(block_of(ptr)) }
