@@ -634,9 +634,10 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
         slot: Slot,
         granted: usize,
     ) -> usize {
-        self.counters().live_shard_free_crossing(slot, granted);
         // SAFETY: forwarded from the caller.
-        unsafe { self.parent.deallocate_block(ptr, layout) }
+        let freed = unsafe { self.parent.deallocate_block(ptr, layout) };
+        self.counters().live_shard_free_crossing(slot, granted);
+        freed
     }
 
     /// [`deallocate_general`](Self::deallocate_general) on a thread whose cache is not
