@@ -38,10 +38,9 @@ use crate::lanes;
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::Allocation;
-use crate::schema::hpha::large::LargeHeap;
 use crate::schema::hpha::size_class::{class_size, fast_class, fast_class_size};
 use crate::stats::{Counters, Slot};
-use crate::system::SystemAllocator;
+use crate::system::{SystemAllocator, heap_granted};
 use crate::thread_cache;
 use core::alloc::{GlobalAlloc, Layout};
 use core::marker::PhantomData;
@@ -98,24 +97,6 @@ pub unsafe trait BlockAllocator: Copy + Default + Send + Sync + 'static {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)>;
-}
-
-/// The granted size of a live heap block of `layout`: one table load for the common small
-/// requests, so a call through [`BlockAllocator`] needs no out-of-line `usable_size`.
-///
-/// # Safety
-/// `ptr` must be a live block of the `SystemAllocator` allocated with `layout` (or a size
-/// between the one requested and the one granted, at the same alignment).
-#[inline(always)]
-unsafe fn heap_granted(ptr: NonNull<u8>, layout: Layout) -> usize {
-    if let Some(class) = fast_class(layout) {
-        fast_class_size(class)
-    } else {
-        // A non-zero size that `fast_class` leaves out is past the small classes, so the
-        // block is the large heap's (`fast_class` agrees with the heap's `class_for`).
-        // SAFETY: forwarded from the caller.
-        unsafe { LargeHeap::usable_size(ptr.as_ptr()) }
-    }
 }
 
 // SAFETY: the heap's blocks are valid, aligned and unaliased (GlobalAlloc's contract,

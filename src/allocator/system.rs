@@ -8,7 +8,7 @@ use crate::records;
 use crate::registry::SYSTEM;
 use crate::schema::Allocation;
 use crate::schema::HphaStats;
-use crate::schema::hpha::large::LargeGrant;
+use crate::schema::hpha::large::{LargeGrant, LargeHeap};
 use crate::schema::hpha::size_class::{class_for, class_size, fast_class, fast_class_size};
 use crate::thread_cache::{self, CacheRef, HEAP, HOOK_ALLOC, HOOK_FREE, SampleCharge};
 use core::alloc::{GlobalAlloc, Layout};
@@ -284,6 +284,26 @@ fn alloc_small_sampled(size: usize, align: usize, interval: u64) -> *mut u8 {
     // SAFETY: the fast path had a valid layout with this size and alignment.
     let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
     records::global::alloc_sampled(layout, interval, alloc_plain)
+}
+
+/// The granted size of a live heap block of `layout`: one table load for the common small
+/// requests and a header load for large ones, so a call through
+/// [`BlockAllocator`](crate::BlockAllocator) (and a child's free, which counts before it
+/// frees) needs no out-of-line `usable_size`.
+///
+/// # Safety
+/// `ptr` must be a live block of the `SystemAllocator` allocated with `layout` (or a size
+/// between the one requested and the one granted, at the same alignment).
+#[inline(always)]
+pub(crate) unsafe fn heap_granted(ptr: NonNull<u8>, layout: Layout) -> usize {
+    if let Some(class) = fast_class(layout) {
+        fast_class_size(class)
+    } else {
+        // A non-zero size that `fast_class` leaves out is past the small classes, so the
+        // block is the large heap's (`fast_class` agrees with the heap's `class_for`).
+        // SAFETY: forwarded from the caller.
+        unsafe { LargeHeap::usable_size(ptr.as_ptr()) }
+    }
 }
 
 /// [`SystemAllocator::allocate_granted`] off the fast path; out of line, so the fast path
