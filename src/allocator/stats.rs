@@ -38,18 +38,22 @@
 //! **The peak** needs a global view, which per-thread counts do not give. Each shard keeps a
 //! running total of granted bytes and *publishes* the part not yet in the shared live figure
 //! (one `fetch_add`, then a `fetch_max` on the peak if it rose) once that part goes above
-//! +[`PUBLISH_BYTES`](shard::PUBLISH_BYTES) or below its negative. At any instant the shared
-//! figure differs from the true live total by less than `PUBLISH_BYTES` per thread that has
-//! used the allocator and not exited, and so does the recorded peak: below the true peak by
-//! less than that, and above it only while some threads hold pending *frees* (blocks freed
-//! on another thread than the one that allocated them). A snapshot raises the peak to the
-//! exact live total it reads, so the peak is never below a live figure a snapshot reported
-//! (a snapshot taken under concurrent traffic reads a blend of nearby instants, and so may
-//! carry that blend into the peak).
-//! A block larger than `PUBLISH_BYTES`, and every call while a budget is set, moves the peak
-//! exactly; such a block goes to the shared figure by itself (one `fetch_add`, the shard's
-//! running total untouched), so a pair of them costs two locked operations. This is what
-//! turns six locked operations per pair into none for smaller blocks.
+//! +[`PUBLISH_BYTES`](shard::PUBLISH_BYTES) (64 KiB) or below
+//! −[`HOLD_FREE_BYTES`](shard::HOLD_FREE_BYTES) (1 MiB). At any instant the shared figure
+//! is below the true live total by less than 64 KiB per thread that has used the allocator
+//! and not exited (its unpublished allocations), and above it by at most 1 MiB per such
+//! thread (its frees held back). A thread publishes all it holds whenever it publishes an
+//! allocation, so the recorded peak is below the true peak by less than 64 KiB per thread,
+//! and above it only while *other* threads hold frees back: by at most 1 MiB per such thread.
+//! A snapshot raises the peak to the exact live total it reads, so the peak is never below a
+//! live figure a snapshot reported (a snapshot taken under concurrent traffic reads a blend
+//! of nearby instants, and so may carry that blend into the peak).
+//! The bounds are uneven because the costs are: holding frees back lets the next
+//! allocation cancel them, so a thread that frees and allocates blocks of up to 1 MiB in turn
+//! (a frame's scratch buffer) makes no locked operation. A block larger than 64 KiB that is
+//! not cancelled so goes to the shared figure by itself (one `fetch_add`, the shard's running
+//! total untouched). Every call while a budget is set moves the live figure and the peak
+//! exactly.
 //!
 //! [`AllocatorStats`] is the plain snapshot the reports read.
 
@@ -88,8 +92,9 @@ pub struct AllocatorStats {
     /// Resizes that kept the block alive (realloc, grow, shrink).
     pub reallocations: u64,
     /// The highest `live_granted_bytes` ever reached (`None` where not tracked). For a
-    /// child allocator without a budget it is kept from per-thread counts and may be off by
-    /// up to [`Counters::PEAK_TOLERANCE_PER_THREAD`] per thread that used the allocator (see
+    /// child allocator without a budget it is kept from per-thread counts and may be below
+    /// the truth by up to [`Counters::PEAK_TOLERANCE_PER_THREAD`], and above it by up to
+    /// [`Counters::PEAK_OVERSHOOT_PER_THREAD`], per thread that used the allocator (see
     /// [`Counters`]); it is never below a live figure a snapshot reported.
     pub peak_granted_bytes: Option<usize>,
     /// Bytes held from the parent or the OS: live blocks plus whatever the allocator keeps
@@ -116,10 +121,11 @@ pub struct AllocatorStats {
 ///
 /// The peak is the exception: threads publish their granted bytes to a shared live figure
 /// only when they have changed by more than
-/// [`PEAK_TOLERANCE_PER_THREAD`](Self::PEAK_TOLERANCE_PER_THREAD), so the recorded peak is
-/// within that many bytes per thread (that used the allocator and has not exited) of the
-/// true peak: below it, or above it while some threads hold frees of blocks that other
-/// threads allocated. A snapshot raises the peak to the live total it reads. While the
+/// [`PEAK_TOLERANCE_PER_THREAD`](Self::PEAK_TOLERANCE_PER_THREAD) up, or
+/// [`PEAK_OVERSHOOT_PER_THREAD`](Self::PEAK_OVERSHOOT_PER_THREAD) down. So the recorded
+/// peak is below the true peak by less than the first per thread (that used the allocator
+/// and has not exited), and above it by at most the second per thread holding frees back
+/// while another publishes. A snapshot raises the peak to the live total it reads. While the
 /// allocator has a budget, the live figure and the peak are exact at every call.
 #[derive(Debug)]
 pub struct Counters {
@@ -213,9 +219,9 @@ fn slot_of(route: u32) -> usize {
 }
 
 impl Counters {
-    /// How far the recorded peak of an allocator that counts in per-thread shards may be
-    /// from the true peak, per thread that has used the allocator and not exited: a thread
-    /// publishes its granted bytes into the shared live figure once they change by more
+    /// How far *below* the true peak the recorded peak of an allocator that counts in
+    /// per-thread shards may be, per thread that has used the allocator and not exited: a
+    /// thread publishes its granted bytes into the shared live figure once they grow by more
     /// than this (see the module docs). Allocators with a budget keep an exact peak.
     ///
     /// A child with a lane of the thread caches (see
@@ -226,6 +232,15 @@ impl Counters {
     /// be off by up to [`PEAK_TOLERANCE_PER_THREAD_AND_CLASS`](Self::PEAK_TOLERANCE_PER_THREAD_AND_CLASS)
     /// more per size class the thread uses.
     pub const PEAK_TOLERANCE_PER_THREAD: usize = shard::PUBLISH_BYTES;
+
+    /// How far *above* the true peak the recorded peak of an allocator that counts in
+    /// per-thread shards may be, per thread that has used the allocator and not exited: a
+    /// thread holds back frees (so that its next allocation can cancel them) until they
+    /// reach this, and while it does, another thread's publication counts them as live
+    /// still. A thread never pushes the peak above the truth by its own held frees (it
+    /// publishes them with its next published allocation). Allocators with a budget keep an
+    /// exact peak.
+    pub const PEAK_OVERSHOOT_PER_THREAD: usize = shard::HOLD_FREE_BYTES;
 
     /// For a child with a lane of the thread caches: how much further than
     /// [`PEAK_TOLERANCE_PER_THREAD`](Self::PEAK_TOLERANCE_PER_THREAD) its recorded peak may
@@ -749,7 +764,7 @@ impl Default for Counters {
 
 #[cfg(test)]
 mod tests {
-    use super::shard::{PUBLISH_BYTES, SLOTS};
+    use super::shard::{HOLD_FREE_BYTES, PUBLISH_BYTES, SLOTS};
     use super::{Counters, EXACT, NO_SLOT, SLOT_BITS_END, UNSET, slot_bits, slot_of};
     use crate::budget::{Budget, BudgetMode};
     use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -977,27 +992,95 @@ mod tests {
         c.count_free(&NO_BUDGET, 4 * PUBLISH_BYTES, 1);
         assert_eq!(c.snapshot().peak_granted_bytes, Some(4 * PUBLISH_BYTES));
         assert_eq!(c.snapshot().live_granted_bytes, 0);
-        // Big blocks go to the shared figure by themselves, on top of whatever small bytes
-        // the shard holds unpublished: the shared figure stays exact for them, and the
-        // peak sees each one with the pending small bytes within the threshold.
+        // The free above is held back in the shard. Each big allocation after it cancels the
+        // held free and publishes the rest once that is more than the threshold (with the
+        // held free: the shared figure is then exact), so the peak is never above the truth
+        // on one thread and lags it by at most the threshold.
         assert!(alloc(c, &NO_BUDGET, BLOCK, BLOCK));
+        let mut truth = 4 * PUBLISH_BYTES;
         for round in 1..=3 {
             let big = (4 + round) * PUBLISH_BYTES;
             assert!(alloc(c, &NO_BUDGET, big, big));
+            truth = truth.max(big + BLOCK);
             let published = c.live_granted.load(Relaxed);
-            assert!((big..=big + BLOCK).contains(&published), "{published}");
+            assert!(
+                published <= big + BLOCK && published + PUBLISH_BYTES >= big + BLOCK,
+                "{published}"
+            );
+            let peak = c.peak_granted.load(Relaxed);
+            assert!(peak <= truth && peak + PUBLISH_BYTES >= truth, "{peak}");
             c.count_free(&NO_BUDGET, big, big);
-            assert!(c.live_granted.load(Relaxed) <= BLOCK);
+            assert_eq!(c.live_granted.load(Relaxed), published, "the free is held");
         }
         let st = c.snapshot();
         assert_eq!(st.live_granted_bytes, BLOCK);
         let peak = st.peak_granted_bytes.unwrap();
         assert!(
-            (7 * PUBLISH_BYTES..=7 * PUBLISH_BYTES + BLOCK).contains(&peak),
+            (6 * PUBLISH_BYTES..=7 * PUBLISH_BYTES + BLOCK).contains(&peak),
             "{peak}"
         );
         c.count_free(&NO_BUDGET, BLOCK, BLOCK);
         assert_eq!(c.snapshot().live_granted_bytes, 0);
+    }
+
+    static ALTERNATING: Counters = Counters::new();
+
+    #[test]
+    fn held_frees_cancel_alternating_big_blocks() {
+        let c = &ALTERNATING;
+        const BIG: usize = 256 * 1024;
+        // The first allocation publishes; after it, the block's free is held and the next
+        // allocation cancels it: the shared figure never moves again.
+        assert!(alloc(c, &NO_BUDGET, BIG, BIG));
+        let first = shared(c).0;
+        assert_eq!(first, BIG);
+        for _ in 0..1000 {
+            c.count_free(&NO_BUDGET, BIG, BIG);
+            assert!(alloc(c, &NO_BUDGET, BIG, BIG));
+        }
+        assert_eq!(shared(c).0, first, "no publication while the frees cancel");
+        let st = c.snapshot();
+        assert_eq!((st.live_granted_bytes, st.live_blocks), (BIG, 1));
+        assert_eq!(st.peak_granted_bytes, Some(BIG));
+        assert_eq!((st.allocations, st.frees), (1001, 1000));
+        c.count_free(&NO_BUDGET, BIG, BIG);
+        // Blocks of the threshold's size are published with the shard's total, both ways:
+        // at every step the shared figure is below the truth by at most the threshold and
+        // above it by at most the held frees.
+        let within = |truth: usize| {
+            let (published, truth) = (shared(c).0 as isize, truth as isize);
+            assert!(
+                published <= truth + HOLD_FREE_BYTES as isize,
+                "{published} {truth}"
+            );
+            assert!(
+                published + PUBLISH_BYTES as isize >= truth,
+                "{published} {truth}"
+            );
+        };
+        const N: usize = 20;
+        for i in 1..=N {
+            assert!(alloc(c, &NO_BUDGET, PUBLISH_BYTES, 1));
+            within(i * PUBLISH_BYTES);
+        }
+        let mut publications = 0;
+        for i in (0..N).rev() {
+            let before = shared(c).0;
+            c.count_free(&NO_BUDGET, PUBLISH_BYTES, 1);
+            within(i * PUBLISH_BYTES);
+            publications += usize::from(shared(c).0 != before);
+        }
+        // 20 frees of 64 KiB pass the 1 MiB hold once.
+        assert_eq!(publications, 1);
+        // An allocation past the threshold publishes the held frees with it: exact.
+        assert!(alloc(c, &NO_BUDGET, 4 * HOLD_FREE_BYTES, 1));
+        assert_eq!(shared(c).0, 4 * HOLD_FREE_BYTES);
+        // A free larger than the hold goes to the shared figure by itself.
+        c.count_free(&NO_BUDGET, 4 * HOLD_FREE_BYTES, 1);
+        assert_eq!(shared(c).0, 0);
+        let st = c.snapshot();
+        assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
+        assert_eq!(st.peak_granted_bytes, Some(4 * HOLD_FREE_BYTES));
     }
 
     static SPREAD: Counters = Counters::new();
@@ -1045,6 +1128,46 @@ mod tests {
         let peak = st.peak_granted_bytes.unwrap();
         assert!(peak > truth, "pending frees overshoot: {peak}");
         assert!(peak <= truth + PUBLISH_BYTES, "{peak} vs {truth}");
+        assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
+    }
+
+    static HANDED_OVER: Counters = Counters::new();
+
+    #[test]
+    fn held_frees_of_another_thread_overshoot_by_at_most_the_hold() {
+        let c = &HANDED_OVER;
+        const BIG: usize = 768 * 1024;
+        // A allocates a big block, B frees it (held back: below the hold), then A
+        // allocates another: the true live total never passed BIG, but A's publication
+        // still counts B's held free.
+        assert!(alloc(c, &NO_BUDGET, BIG, BIG));
+        std::thread::scope(|s| {
+            s.spawn(|| c.count_free(&NO_BUDGET, BIG, BIG));
+        });
+        // (B has exited: its shard was retired, so its free is published.)
+        assert_eq!(c.snapshot().peak_granted_bytes, Some(BIG));
+        let step = Barrier::new(2);
+        let (step, go) = (&step, &AtomicBool::new(false));
+        assert!(alloc(c, &NO_BUDGET, BIG, BIG));
+        let peak = std::thread::scope(|s| {
+            s.spawn(move || {
+                c.count_free(&NO_BUDGET, BIG, BIG);
+                step.wait(); // B holds the free...
+                while !go.load(Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+            step.wait();
+            // ...while A allocates again (A holds no free to cancel: it publishes the block).
+            assert!(alloc(c, &NO_BUDGET, BIG, BIG));
+            let peak = c.peak_granted.load(Relaxed);
+            go.store(true, Relaxed);
+            c.count_free(&NO_BUDGET, BIG, BIG);
+            peak
+        });
+        assert!(peak > BIG, "the held free overshoots: {peak}");
+        assert!(peak <= BIG + Counters::PEAK_OVERSHOOT_PER_THREAD, "{peak}");
+        let st = c.snapshot();
         assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
     }
 

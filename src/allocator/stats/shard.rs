@@ -11,8 +11,12 @@
 //! A shard's granted bytes are two running totals: `granted`, written by the owner on every
 //! call, and `taken`, how much of it has been *published* into the allocator's shared live
 //! figure. The owner publishes (one `fetch_add` on the shared figure, one compare-and-swap on
-//! `taken`) when the unpublished part leaves ±[`PUBLISH_BYTES`], so the shared figure, and the
-//! peak taken from it, is off by less than that per thread. Another thread may also publish
+//! `taken`) when the unpublished part goes above +[`PUBLISH_BYTES`] or below
+//! −[`HOLD_FREE_BYTES`]. The bounds are uneven on purpose: unpublished allocations make the
+//! peak taken from the shared figure lag, so they are kept small; unpublished frees can only
+//! make *another* thread's publication overshoot, and holding up to a MiB of them lets the
+//! next allocation cancel a freed big block, so a loop that frees and allocates blocks of up
+//! to that size makes no locked operation at all. Another thread may also publish
 //! a shard (when an allocator gets a budget and needs its exact live figure); both sides
 //! advance `taken` with a compare-and-swap, so every byte is published exactly once, and the
 //! owner's `granted` keeps a single writer.
@@ -28,9 +32,15 @@ use core::sync::atomic::{
 pub(crate) const SLOTS: usize = 128;
 
 /// A shard publishes its granted bytes into the shared live figure when the unpublished part
-/// goes above this or below its negative. 64 KiB keeps alternating alloc/free of blocks up to
-/// that size, and batches of small blocks, entirely thread-local.
+/// goes above this: the most the recorded peak lags per thread. 64 KiB keeps batches of
+/// small blocks entirely thread-local.
 pub(crate) const PUBLISH_BYTES: usize = 64 * 1024;
+
+/// A shard publishes when the unpublished part goes below the negative of this: the frees a
+/// thread may hold back, and so the most another thread's publication can overshoot the true
+/// live total per thread. 1 MiB lets an alternating free and allocation of blocks up to that
+/// size cancel in the shard (a frame's scratch buffer, a reallocated staging block).
+pub(crate) const HOLD_FREE_BYTES: usize = 1024 * 1024;
 
 /// The allocator that owns each slot, for moving counts out of an exiting thread's shards.
 static OWNERS: [AtomicPtr<Counters>; SLOTS] = [const { AtomicPtr::new(null_mut()) }; SLOTS];
@@ -158,7 +168,7 @@ impl Shard {
     }
 
     /// Counts a free (owner only) unless its granted bytes take the unpublished part below
-    /// the threshold: then only the requested bytes and the event are counted, and `false`
+    /// −[`HOLD_FREE_BYTES`]: then only the requested bytes and the event are counted, and `false`
     /// says the caller must finish with [`free_crossing`](Self::free_crossing). Calls
     /// nothing, so a caller that frees next can jump to the free instead of calling it.
     #[inline(always)]
@@ -166,7 +176,7 @@ impl Shard {
         drop_by(&self.requested, requested);
         tick(&self.frees);
         let g = self.granted.load(Relaxed).wrapping_sub(granted);
-        if self.unpublished_after(g) < -(PUBLISH_BYTES as isize) {
+        if self.unpublished_after(g) < -(HOLD_FREE_BYTES as isize) {
             return false;
         }
         self.granted.store(g, Relaxed);
@@ -181,16 +191,20 @@ impl Shard {
         self.publish_crossing(owner, g, -(granted as isize));
     }
 
-    /// A call whose `change` of granted bytes takes the unpublished part past the threshold
-    /// (`g`: the running total with the change). A block larger than the threshold goes to
-    /// the shared figure by itself, with one `fetch_add` and the running total left as it
-    /// was: alternating allocations and frees of big blocks then cost one locked operation
-    /// each, not a compare-and-swap on `taken` as well. Otherwise the total is stored and
-    /// published as a whole. Owner only; out of line.
+    /// A call whose `change` of granted bytes takes the unpublished part out of its bounds
+    /// (`g`: the running total with the change). A big block goes to the shared figure by
+    /// itself, with one `fetch_add` and the running total left as it was (within bounds), not
+    /// a compare-and-swap on `taken` as well: a free bigger than [`PUBLISH_BYTES`], or an
+    /// allocation that big while the shard holds no frees back. (Held frees are in the
+    /// shared figure still, so an allocation published beside them would raise the peak above
+    /// the truth on this very thread.) Otherwise the total is stored and published as a
+    /// whole. Owner only; out of line.
     #[cold]
     #[inline(never)]
     fn publish_crossing(&self, owner: &Counters, g: usize, change: isize) {
-        if change.unsigned_abs() > PUBLISH_BYTES {
+        let before = self.unpublished_after(g.wrapping_sub(change as usize));
+        let big = change.unsigned_abs() > PUBLISH_BYTES;
+        if big && (change < 0 || before >= 0) {
             owner.publish_granted(change as usize);
             return;
         }
@@ -212,7 +226,8 @@ impl Shard {
         let g = bump(&self.granted, new.wrapping_sub(old));
         bump(&self.requested, new_requested.wrapping_sub(old_requested));
         tick(&self.reallocations);
-        if self.unpublished_after(g).unsigned_abs() > PUBLISH_BYTES {
+        let unpublished = self.unpublished_after(g);
+        if unpublished > PUBLISH_BYTES as isize || unpublished < -(HOLD_FREE_BYTES as isize) {
             self.publish(owner);
         }
     }
