@@ -10,49 +10,41 @@
 //! shards, see `src/allocator/stats.rs`).
 //!
 //! Instructions per pair (callgrind, deterministic; `examples/child_pairs.rs`, whose modes
-//! say how the layout reaches each call; it also prints ns per pair), at d334be7 (general
-//! path rows after the review mend that follows it):
+//! say how the layout reaches each call; it also prints ns per pair), at 94ee7f8:
 //!
-//! | layout, size                     | system | child          | grandchild |
-//! |----------------------------------|-------:|---------------:|-----------:|
-//! | const, 16 B and 1 KiB            | 45     | 47 (+4.4 %)    | 47         |
-//! | opaque, 16 B and 1 KiB           | 66     | 65 (−1.5 %)    | 65         |
-//! | batch of 64, 16 B                | 70.2   | 71.2 (+1.4 %)  | 71.2       |
-//! | batch of 64, 1 KiB               | 99.5   | 101.1 (+1.6 %) | 101.1      |
-//! | opaque, 16 KiB (general path)    | 549    | 606 (+10 %)    | 663        |
-//! | opaque, 256 KiB (general path)   | 549    | 701 (+28 %)    | 852        |
+//! | layout, size                          | system | child          | grandchild |
+//! |---------------------------------------|-------:|---------------:|-----------:|
+//! | const, 16 B and 1 KiB                 | 45     | 47 (+4.4 %)    | 47         |
+//! | opaque, 16 B and 1 KiB                | 66     | 65 (−1.5 %)    | 65         |
+//! | batch of 64, 16 B                     | 70.2   | 71.2 (+1.4 %)  | 71.2       |
+//! | batch of 64, 1 KiB                    | 99.5   | 101.1 (+1.6 %) | 101.1      |
+//! | opaque, 16 KiB to 1 MiB (general path) | 549   | 606 (+10 %)    | 663        |
+//! | opaque, 2 MiB (general path)          | 549    | 693 (+26 %)    | 836        |
 //!
-//! Since d334be7 everything but the lane's pop or push is one out-of-line call, so the
-//! small path needs no stack frame where it is inlined (through `__rust_alloc` a 32 B pair
-//! went from 89 instructions to 63; the `SystemAllocator`'s is 58), and the general path is
-//! no longer inlined into (and partly hoisted out of) the measuring loop: 583 and 628 before.
-//! Whole workloads through a child: `bash compare/run.sh --allocators
-//! tagalloc,tagalloc-child` (README).
+//! A child's small path is the `SystemAllocator`'s lane code plus one add of the requested
+//! size per call (the one extra instruction per pair above; it is most of the small rows'
+//! extra time). Everything else is one out-of-line call, so the small path needs no stack
+//! frame where it is inlined. The "hoisted" mode of the example (one layout for a whole
+//! loop) lets the compiler move the `SystemAllocator`'s size check and class lookup out of
+//! the loop, which the child's larger code keeps inside; "const" (a layout known at compile
+//! time, as for `Box<T>`) and "opaque" (computed per call, what this bench does with
+//! `black_box`) compare like with like.
 //!
-//! The example's "hoisted" mode (one layout for a whole loop, not in the table) lets the
-//! compiler move the `SystemAllocator`'s size check and class lookup out of the loop, which
-//! the child's larger code keeps inside; "const" (a layout known at compile time, as for
-//! `Box<T>`) and "opaque" (computed per call, what this bench does with `black_box`) compare
-//! like with like.
+//! The general path (past the lanes) costs, per call: a trampoline that tests the class (6
+//! instructions), one load and compare of the route word (a shard slot, and flags for a
+//! budget and for records), the thread cache's state, and the shard's requested bytes, call
+//! count and running granted total, whose distance from the published part is compared with
+//! the thresholds. An allocation keeps the slot and the requested size across the parent's
+//! call (its frame is most of what is left); a free counts first, reading the granted size
+//! from the block's header, then jumps to the parent without a frame. A shard publishes to
+//! the shared live figure (for the peak) past +64 KiB of allocations or −1 MiB of frees, so
+//! alternating blocks up to 1 MiB cancel in the shard; a bigger block is published by itself
+//! each call, two locked `fetch_add`s per pair (the 2 MiB row, +5 ns timed).
 //!
-//! Since 51327a3 (rows above measured at 5652ea8): an allocation keeps only the slot and the
-//! requested size across the parent's call, and a free counts first (the granted size from
-//! the block's header) and jumps to the parent without a frame; 16 KiB 631 -> 606. The 256
-//! KiB free that publishes takes a cold path with a frame of its own (687 -> 701); timed,
-//! 16 KiB is +4.2 % and +5.6 % in two sets of 15 interleaved runs, 256 KiB +19 %.
-//!
-//! The general path (16 KiB and up) costs, per call: one load and compare of the route word
-//! (a shard slot, and flags for a budget and for records, set when either changes), the
-//! thread cache's state, the shard's requested bytes, call count and running granted total,
-//! whose distance from the published part is compared with the threshold. (Thresholds
-//! cached at each publish saved 4 instructions per 16 KiB pair, 627 against 631; they were
-//! dropped for the simpler comparison.) A block over 64 KiB goes to the
-//! shared live figure at once (one `fetch_add` per call, so the peak stays exact): those two
-//! locked operations per pair are most of the 256 KiB row's extra time (at 8b0a872, medians
-//! of 7 interleaved runs: 256 KiB 34.9 / 40.4 ns, +16 %; 16 KiB 34.9 / 38.1 ns, +9 %; with
-//! the publication switched off as an experiment, 256 KiB was +7 %). The instruction rows
-//! were measured again at 8b0a872 and are unchanged. Before 335f3d1 the route, the budget limit and the records word were three
-//! separate tests and a big block paid a compare-and-swap on top (16 KiB 597, +8.5 %).
+//! Timed (medians of 31 interleaved runs of the example at 94ee7f8, system / child): 16 KiB
+//! +4.4 %, 256 KiB +3.4 %, 1 MiB +4.1 %, 2 MiB +15 %, batches of 64 at 16 B +5.8 %. Whole
+//! workloads through a child: `bash compare/run.sh --allocators tagalloc,tagalloc-child`
+//! (README; all within 1.04, geometric mean 1.00).
 
 use allocator_api2::alloc::Allocator;
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
@@ -99,7 +91,7 @@ fn batch<B: BlockAllocator>(alloc: B, layout: Layout) {
 
 fn pairs(c: &mut Criterion) {
     let mut group = c.benchmark_group("child_vs_parent");
-    for size in [16usize, 128, 1024, 16_384] {
+    for size in [16usize, 128, 1024, 16_384, 262_144, 2_097_152] {
         let layout = Layout::from_size_align(size, 8).unwrap();
         group.bench_with_input(BenchmarkId::new("system/pair", size), &layout, |b, &l| {
             b.iter(|| pair(SystemAllocator::new(), black_box(l)))
@@ -117,6 +109,9 @@ fn pairs(c: &mut Criterion) {
             &layout,
             |b, &l| b.iter(|| pair(Nested, black_box(l))),
         );
+        if size > 16_384 {
+            continue; // (64 blocks of that size: a test of the heap, not of tagging)
+        }
         group.bench_with_input(
             BenchmarkId::new("system/batch64", size),
             &layout,

@@ -42,9 +42,10 @@
 //! −[`HOLD_FREE_BYTES`](shard::HOLD_FREE_BYTES) (1 MiB). At any instant the shared figure
 //! is below the true live total by less than 64 KiB per thread that has used the allocator
 //! and not exited (its unpublished allocations), and above it by at most 1 MiB per such
-//! thread (its frees held back). A thread publishes all it holds whenever it publishes an
-//! allocation, so the recorded peak is below the true peak by less than 64 KiB per thread,
-//! and above it only while *other* threads hold frees back: by at most 1 MiB per such thread.
+//! thread (its frees held back). A shard that publishes an allocation while it holds frees
+//! publishes them with it, so the recorded peak is below the true peak by less than 64 KiB
+//! per thread, and above it only while threads hold frees back when another publication
+//! (another thread's, or a child lane's) raises it: by at most 1 MiB per such thread.
 //! A snapshot raises the peak to the exact live total it reads, so the peak is never below a
 //! live figure a snapshot reported (a snapshot taken under concurrent traffic reads a blend
 //! of nearby instants, and so may carry that blend into the peak).
@@ -237,8 +238,8 @@ impl Counters {
     /// per-thread shards may be, per thread that has used the allocator and not exited: a
     /// thread holds back frees (so that its next allocation can cancel them) until they
     /// reach this, and while it does, another thread's publication counts them as live
-    /// still. A thread never pushes the peak above the truth by its own held frees (it
-    /// publishes them with its next published allocation). Allocators with a budget keep an
+    /// still (a shard's own published allocation takes its held frees with it; a child
+    /// lane's publication on the same thread does not). Allocators with a budget keep an
     /// exact peak.
     pub const PEAK_OVERSHOOT_PER_THREAD: usize = shard::HOLD_FREE_BYTES;
 
