@@ -14,9 +14,10 @@
 //! `taken`) when the unpublished part goes above +[`PUBLISH_BYTES`] or below
 //! −[`HOLD_FREE_BYTES`]. The bounds are uneven on purpose: unpublished allocations make the
 //! peak taken from the shared figure lag, so they are kept small; unpublished frees can only
-//! make *another* thread's publication overshoot, and holding up to a MiB of them lets the
-//! next allocation cancel a freed big block, so a loop that frees and allocates blocks of up
-//! to that size makes no locked operation at all. Another thread may also publish
+//! make a publication of other bytes (another thread's, or a child lane's) overshoot, and
+//! holding up to a MiB of them lets the next allocation cancel a freed big block, so a loop
+//! that frees and allocates blocks of up to that size makes no locked operation at all.
+//! Another thread may also publish
 //! a shard (when an allocator gets a budget and needs its exact live figure); both sides
 //! advance `taken` with a compare-and-swap, so every byte is published exactly once, and the
 //! owner's `granted` keeps a single writer.
@@ -37,8 +38,8 @@ pub(crate) const SLOTS: usize = 128;
 pub(crate) const PUBLISH_BYTES: usize = 64 * 1024;
 
 /// A shard publishes when the unpublished part goes below the negative of this: the frees a
-/// thread may hold back, and so the most another thread's publication can overshoot the true
-/// live total per thread. 1 MiB lets an alternating free and allocation of blocks up to that
+/// thread may hold back, and so the most another publication can overshoot the true live
+/// total per thread. 1 MiB lets an alternating free and allocation of blocks up to that
 /// size cancel in the shard (a frame's scratch buffer, a reallocated staging block).
 pub(crate) const HOLD_FREE_BYTES: usize = 1024 * 1024;
 
@@ -168,8 +169,8 @@ impl Shard {
     }
 
     /// Counts a free (owner only) unless its granted bytes take the unpublished part below
-    /// −[`HOLD_FREE_BYTES`]: then only the requested bytes and the event are counted, and `false`
-    /// says the caller must finish with [`free_crossing`](Self::free_crossing). Calls
+    /// −[`HOLD_FREE_BYTES`]: then only the requested bytes and the event are counted, and
+    /// `false` says the caller must finish with [`free_crossing`](Self::free_crossing). Calls
     /// nothing, so a caller that frees next can jump to the free instead of calling it.
     #[inline(always)]
     pub(crate) fn free_within(&self, granted: usize, requested: usize) -> bool {
