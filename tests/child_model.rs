@@ -161,8 +161,8 @@ fn run(ops: Vec<Op>) {
     let kid_start = ModelKid.stats();
     let mut live: BTreeMap<usize, (NonNull<u8>, Live)> = BTreeMap::new();
     let mut seed = 0u8;
-    // Calls through the grandchild and through the parent itself.
-    let (mut kid_calls, mut parent_calls) = (Calls::default(), Calls::default());
+    // Calls through the parent itself (index 0) and through the grandchild (index 1).
+    let mut calls = [Calls::default(); 2];
     for (step, op) in ops.into_iter().enumerate() {
         match op {
             Op::Alloc {
@@ -172,11 +172,7 @@ fn run(ops: Vec<Op>) {
             } => {
                 let layout = Layout::from_size_align(size, 1 << align_log).unwrap();
                 let block = allocate(kid, layout);
-                if kid {
-                    kid_calls.allocations += 1;
-                } else {
-                    parent_calls.allocations += 1;
-                }
+                calls[usize::from(kid)].allocations += 1;
                 let addr = block.ptr.as_ptr() as usize;
                 assert_eq!(addr % layout.align(), 0, "step {step}: alignment");
                 assert!(block.size >= size);
@@ -214,11 +210,7 @@ fn run(ops: Vec<Op>) {
                 check(ptr, b.layout.size(), b.seed);
                 // SAFETY: a live block of that allocator with that layout.
                 let granted = unsafe { free(b.kid, ptr, b.layout) };
-                if b.kid {
-                    kid_calls.frees += 1;
-                } else {
-                    parent_calls.frees += 1;
-                }
+                calls[usize::from(b.kid)].frees += 1;
                 assert_eq!(granted, b.granted, "step {step}: granted size at free");
             }
             Op::Realloc { pick, size } if !live.is_empty() => {
@@ -234,11 +226,7 @@ fn run(ops: Vec<Op>) {
                     }
                 }
                 .expect("out of memory");
-                if b.kid {
-                    kid_calls.reallocations += 1;
-                } else {
-                    parent_calls.reallocations += 1;
-                }
+                calls[usize::from(b.kid)].reallocations += 1;
                 assert_eq!(old, b.granted, "step {step}: old granted size");
                 assert_eq!(block.ptr.as_ptr() as usize % b.layout.align(), 0);
                 check(block.ptr, b.layout.size().min(size), b.seed);
@@ -279,12 +267,13 @@ fn run(ops: Vec<Op>) {
         all.blocks += kid.blocks;
         all.granted += kid.granted;
         all.requested += kid.requested;
-        kid.allocations = kid_calls.allocations;
-        kid.frees = kid_calls.frees;
-        kid.reallocations = kid_calls.reallocations;
-        all.allocations = kid_calls.allocations + parent_calls.allocations;
-        all.frees = kid_calls.frees + parent_calls.frees;
-        all.reallocations = kid_calls.reallocations + parent_calls.reallocations;
+        let [own, kids] = calls;
+        kid.allocations = kids.allocations;
+        kid.frees = kids.frees;
+        kid.reallocations = kids.reallocations;
+        all.allocations = kids.allocations + own.allocations;
+        all.frees = kids.frees + own.frees;
+        all.reallocations = kids.reallocations + own.reallocations;
         let (k, p) = (ModelKid.stats(), ModelParent.stats());
         assert_eq!(
             figures(&k, &kid_start),

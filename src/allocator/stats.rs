@@ -1147,22 +1147,19 @@ mod tests {
         });
         // (B has exited: its shard was retired, so its free is published.)
         assert_eq!(c.snapshot().peak_granted_bytes, Some(BIG));
-        let step = Barrier::new(2);
-        let (step, go) = (&step, &AtomicBool::new(false));
+        let step = &Barrier::new(2);
         assert!(alloc(c, &NO_BUDGET, BIG, BIG));
         let peak = std::thread::scope(|s| {
             s.spawn(move || {
                 c.count_free(&NO_BUDGET, BIG, BIG);
                 step.wait(); // B holds the free...
-                while !go.load(Relaxed) {
-                    std::hint::spin_loop();
-                }
+                step.wait(); // ...until A has read the peak.
             });
             step.wait();
             // ...while A allocates again (A holds no free to cancel: it publishes the block).
             assert!(alloc(c, &NO_BUDGET, BIG, BIG));
             let peak = c.peak_granted.load(Relaxed);
-            go.store(true, Relaxed);
+            step.wait();
             c.count_free(&NO_BUDGET, BIG, BIG);
             peak
         });

@@ -316,24 +316,17 @@ fn allocate_granted_slow(layout: Layout) -> Option<Allocation> {
     Some(Allocation { ptr, size })
 }
 
-/// [`SystemAllocator::allocate_granted_zeroed`] off the fast path: `alloc_zeroed` (which
-/// zeroes the requested bytes of a small block and the dirty part of a large one), then the
-/// rest of a small block's class.
+/// [`SystemAllocator::allocate_granted_zeroed`] off the fast path, a request past the small
+/// classes: `alloc_zeroed`, which clears a large block wherever it may be dirty, its slack
+/// included.
 #[inline(never)]
 fn allocate_granted_zeroed_slow(layout: Layout) -> Option<Allocation> {
+    // A non-zero size that `fast_class` leaves out has no small class either.
+    debug_assert!(class_for(layout.size(), layout.align()).is_none());
     // SAFETY: `layout` has a non-zero size (BlockAllocator's contract).
     let ptr = NonNull::new(unsafe { SystemAllocator::new().alloc_zeroed(layout) })?;
     // SAFETY: `ptr` was just allocated with `layout`.
     let size = unsafe { HEAP.usable_size(ptr, layout) };
-    if class_for(layout.size(), layout.align()).is_some() {
-        // SAFETY: the block is ours and `size` bytes long; its first `layout.size()` bytes
-        // are zero already.
-        unsafe {
-            ptr.as_ptr()
-                .add(layout.size())
-                .write_bytes(0, size - layout.size())
-        };
-    }
     Some(Allocation { ptr, size })
 }
 
