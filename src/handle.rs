@@ -369,6 +369,15 @@ macro_rules! allocator {
                     // SAFETY: forwarded from the caller.
                     unsafe { CORE.reallocate(&REGISTRATION, ptr, layout, new_size) }
                 }
+                #[inline]
+                unsafe fn granted_size(
+                    self,
+                    _ptr: ::core::ptr::NonNull<u8>,
+                    layout: ::core::alloc::Layout,
+                ) -> usize {
+                    // A pool's block is its layout's class, whatever the address.
+                    CORE.config().block_size(layout).unwrap_or(0)
+                }
             }
         };
         $crate::__handle_common!($name);
@@ -442,6 +451,17 @@ macro_rules! allocator {
                 ) -> ::core::option::Option<($crate::schema::Allocation, usize)> {
                     // SAFETY: forwarded from the caller.
                     unsafe { Self::__tagalloc_child().reallocate(ptr, layout, new_size) }
+                }
+                #[inline]
+                unsafe fn granted_size(
+                    self,
+                    ptr: ::core::ptr::NonNull<u8>,
+                    layout: ::core::alloc::Layout,
+                ) -> usize {
+                    // SAFETY: forwarded from the caller; a child's blocks are its parent's.
+                    unsafe {
+                        <$parent as $crate::BlockAllocator>::INSTANCE.granted_size(ptr, layout)
+                    }
                 }
             }
 

@@ -10,7 +10,10 @@
 //! every handle already is one.
 //!
 //! Allocation failures are returned as `Err(AllocError)` or `None`, never as a panic, so
-//! the caller decides (containers call `handle_alloc_error`).
+//! the caller decides (containers call `handle_alloc_error`). The one exception is
+//! [`ClassAllocator::new_boxed`], which is `Box::new_in` and so ends in
+//! `handle_alloc_error` like `Box::new`; [`ClassAllocator::try_new_boxed`] returns the
+//! error instead.
 
 use allocator_api2::alloc::{AllocError, Allocator};
 use allocator_api2::boxed::Box;
@@ -40,9 +43,16 @@ pub trait ClassAllocator: Sized {
     /// The allocator values of this type are created in.
     type Allocator: Allocator + Copy + Default;
 
-    /// Boxes `value` in the type's allocator.
+    /// Boxes `value` in the type's allocator. Out of memory (or a budget in
+    /// [`BudgetMode::Fail`](crate::BudgetMode::Fail) refusing it) ends in
+    /// `handle_alloc_error`, as for `Box::new`; see [`try_new_boxed`](Self::try_new_boxed).
     fn new_boxed(value: Self) -> Box<Self, Self::Allocator> {
         Box::new_in(value, Self::Allocator::default())
+    }
+
+    /// Boxes `value` in the type's allocator, or gives the allocation failure back.
+    fn try_new_boxed(value: Self) -> Result<Box<Self, Self::Allocator>, AllocError> {
+        Box::try_new_in(value, Self::Allocator::default())
     }
 
     /// Moves `value` into a new block of the type's allocator (`aznew` / `azcreate`).

@@ -97,6 +97,15 @@ pub unsafe trait BlockAllocator: Copy + Default + Send + Sync + 'static {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)>;
+
+    /// The granted size of a live block: what [`deallocate_block`](Self::deallocate_block)
+    /// would return for it. (A child under a budget in
+    /// [`BudgetMode::Fail`](crate::BudgetMode::Fail) asks, to grow a block within it in
+    /// place.)
+    ///
+    /// # Safety
+    /// As for [`deallocate_block`](Self::deallocate_block).
+    unsafe fn granted_size(self, ptr: NonNull<u8>, layout: Layout) -> usize;
 }
 
 // SAFETY: the heap's blocks are valid, aligned and unaliased (GlobalAlloc's contract,
@@ -142,6 +151,12 @@ unsafe impl BlockAllocator for SystemAllocator {
             let size = heap_granted(new_ptr, new_layout);
             Some((Allocation { ptr: new_ptr, size }, old))
         }
+    }
+
+    #[inline]
+    unsafe fn granted_size(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller: a live block of this heap with a fitting layout.
+        unsafe { heap_granted(ptr, layout) }
     }
 }
 
@@ -676,10 +691,12 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
     /// resized to a small size while the child's lane is open stays in the lane instead
     /// (`reallocate_in_lane`).
     ///
-    /// While a budget in [`BudgetMode::Fail`](crate::BudgetMode::Fail) is set, growth
-    /// allocates a new block (which the budget may refuse, leaving the old one untouched),
-    /// copies and frees the old one, so the budget is exact; such a move is counted as an
-    /// allocation and a free.
+    /// While a budget in [`BudgetMode::Fail`](crate::BudgetMode::Fail) is set, growth past
+    /// the block's granted size allocates a new block (which the budget may refuse, leaving
+    /// the old one untouched), copies and frees the old one, so the budget is exact: old and
+    /// new block must fit in it together, as they are both live during the copy. Such a
+    /// move is counted as an allocation and a free. Growth within the granted size needs
+    /// no new bytes and is never refused.
     ///
     /// # Safety
     /// As for [`BlockAllocator::reallocate_block`].
@@ -760,7 +777,11 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
         layout: Layout,
         new_size: usize,
     ) -> Option<(Allocation, usize)> {
-        if new_size > layout.size() && self.registration().budget().enforced() {
+        if new_size > layout.size()
+            && self.registration().budget().enforced()
+            // SAFETY: forwarded from the caller.
+            && new_size > unsafe { self.parent.granted_size(ptr, layout) }
+        {
             let new_layout = Layout::from_size_align(new_size, layout.align()).ok()?;
             let new = self.allocate_unrecorded(new_layout)?;
             // SAFETY: both blocks are live and distinct; the old one holds at least
@@ -781,7 +802,9 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
         }
         let live = counters.record_resize(old, new.size, layout.size().min(old), new_size);
         if new.size > old && self.registration().budget().exceeded_by(live) {
-            // Warn mode (Fail mode took the branch above): the hook is told, the block kept.
+            // Warn mode (Fail mode took the branch above for anything past the granted
+            // size, and a resize within it keeps the block): the hook is told, the block
+            // kept.
             self.over_budget(live, new.size - old);
         }
         Some((new, old))

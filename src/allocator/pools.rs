@@ -25,15 +25,29 @@ use crate::stats::AllocatorStats;
 use crate::sync::SpinLock;
 use core::alloc::Layout;
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-fn to_stats(pool: PoolStats) -> AllocatorStats {
+/// A pool's figures as [`AllocatorStats`]. `resizes`: the pool's successful resizes;
+/// `moves`: those that moved the block, which the schema counted as an allocation and a
+/// free (pools resize by moving), and which are reported as reallocations instead, as a
+/// child's are.
+fn to_stats(pool: PoolStats, resizes: &Resizes) -> AllocatorStats {
+    // Read after the schema's counts; a move finishing between the two reads is subtracted
+    // without its allocation and free having been seen, hence the saturation.
+    let moves = resizes.moves.load(Relaxed);
     AllocatorStats {
         live_granted_bytes: pool.granted_bytes,
-        live_requested_bytes: Some(pool.requested_bytes),
+        // Frees may name any size from the requested one to the class size, so the
+        // requested figure can drift below zero; reported as 0, as a child's is.
+        live_requested_bytes: Some(if (pool.requested_bytes as isize) < 0 {
+            0
+        } else {
+            pool.requested_bytes
+        }),
         live_blocks: pool.live_blocks,
-        allocations: pool.allocations,
-        frees: pool.frees,
-        reallocations: 0,
+        allocations: pool.allocations.saturating_sub(moves),
+        frees: pool.frees.saturating_sub(moves),
+        reallocations: resizes.all.load(Relaxed),
         peak_granted_bytes: Some(pool.peak_granted_bytes),
         reserved_bytes: pool.reserved_bytes,
         over_budget: 0,
@@ -41,14 +55,44 @@ fn to_stats(pool: PoolStats) -> AllocatorStats {
     }
 }
 
-/// Tells the budget hook about an allocation that took the pool to `live` bytes; returns
-/// whether it may go ahead. Called with no lock held.
+/// A pool core's count of resizes (see [`to_stats`]).
+struct Resizes {
+    all: AtomicU64,
+    moves: AtomicU64,
+}
+
+impl Resizes {
+    const fn new() -> Self {
+        Self {
+            all: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a finished resize of a block from `old_size` to `new_size` requested bytes.
+    fn count(&self, result: Option<&(Allocation, usize)>, old_size: usize, new_size: usize) {
+        if result.is_some() {
+            self.all.fetch_add(1, Relaxed);
+            if new_size != old_size {
+                self.moves.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// Tells the budget hook about an allocation that takes the pool to `live` bytes, which the
+/// caller has already decided to refuse or not (`refused`: read the mode once, and act on
+/// that same answer). Called with no lock held.
 #[cold]
 #[inline(never)]
-fn over_budget(registration: &'static Registration, live: usize, request: usize) -> bool {
+fn notify_over_budget(
+    registration: &'static Registration,
+    live: usize,
+    request: usize,
+    refused: bool,
+) {
     let budget = registration.budget();
     let counters = registration.counters();
-    let refused = budget.enforced();
     let event = BudgetEvent {
         allocator: registration.name(),
         budget: budget.limit().unwrap_or(usize::MAX),
@@ -61,7 +105,6 @@ fn over_budget(registration: &'static Registration, live: usize, request: usize)
         counters.record_budget_failure();
     }
     budget.notify(&event);
-    !refused
 }
 
 /// Zeroes a whole block.
@@ -74,6 +117,7 @@ fn zero(block: Allocation) -> Allocation {
 /// A [`PoolSchema`] behind a spin lock: the `static` behind a `pool of …` handle.
 pub struct PoolCore<P: PageParent + Send> {
     schema: SpinLock<PoolSchema<P>>,
+    resizes: Resizes,
 }
 
 impl<P: PageParent + Send> PoolCore<P> {
@@ -81,6 +125,7 @@ impl<P: PageParent + Send> PoolCore<P> {
     pub const fn new(parent: P, config: PoolConfig) -> Self {
         Self {
             schema: SpinLock::new(PoolSchema::with_config(parent, config)),
+            resizes: Resizes::new(),
         }
     }
 
@@ -98,36 +143,48 @@ impl<P: PageParent + Send> PoolCore<P> {
         layout: Layout,
         zeroed: bool,
     ) -> Option<Allocation> {
-        let block = self.allocate_unrecorded(registration, layout, zeroed)?;
+        let block = self.allocate_unrecorded(registration, layout, zeroed, true)?;
         records::after_alloc(registration, block.ptr, layout, block.size);
         Some(block)
     }
 
+    /// Allocates a block without recording it. `check_budget`: whether the budget applies
+    /// (not to a resize that needs no more granted bytes).
+    ///
+    /// The budget is checked under the pool's lock *before* the schema allocates, with the
+    /// block's class size added to the live figure: a refused request leaves no trace in
+    /// the pool's figures (no allocation and free counted, no peak raised), and the mode is
+    /// read once, so the block is refused or handed out, never both.
     #[inline]
     fn allocate_unrecorded(
         &self,
         registration: &'static Registration,
         layout: Layout,
         zeroed: bool,
+        check_budget: bool,
     ) -> Option<Allocation> {
         registration.register();
         let budget = registration.budget();
         let schema = self.schema.lock();
-        let block = schema.allocate(layout)?;
-        if budget.limit().is_some() {
-            let live = schema.granted_bytes();
-            if budget.exceeded_by(live) {
-                let refuse = budget.enforced();
-                if refuse {
-                    // SAFETY: just allocated with `layout`.
-                    unsafe { schema.deallocate(block.ptr, layout) };
-                }
-                drop(schema);
-                if !over_budget(registration, live, block.size) {
-                    return None;
+        if check_budget && budget.limit().is_some() {
+            // `None`: out of the pool's range, which the schema refuses below.
+            if let Some(granted) = schema.config().block_size(layout) {
+                let live = schema.granted_bytes() + granted;
+                if budget.exceeded_by(live) {
+                    let refused = budget.enforced();
+                    let block = if refused {
+                        None
+                    } else {
+                        Some(schema.allocate(layout)?)
+                    };
+                    drop(schema);
+                    notify_over_budget(registration, live, granted, refused);
+                    return block.map(|block| if zeroed { zero(block) } else { block });
                 }
             }
         }
+        let block = schema.allocate(layout)?;
+        drop(schema);
         Some(if zeroed { zero(block) } else { block })
     }
 
@@ -161,17 +218,19 @@ impl<P: PageParent + Send> PoolCore<P> {
     ) -> Option<(Allocation, usize)> {
         // SAFETY: forwarded from the caller; the closures are this pool's own allocate and
         // free, without records (the record moves once, in the helper).
-        unsafe {
+        let result = unsafe {
             reallocate_recorded(
                 self.config(),
                 registration,
                 ptr,
                 layout,
                 new_size,
-                |l| self.allocate_unrecorded(registration, l, false),
+                |l, grows| self.allocate_unrecorded(registration, l, false, grows),
                 |p, l| self.deallocate_unrecorded(p, l),
             )
-        }
+        };
+        self.resizes.count(result.as_ref(), layout.size(), new_size);
+        result
     }
 
     /// # Safety
@@ -192,13 +251,14 @@ impl<P: PageParent + Send> PoolCore<P> {
 
     /// The pool's figures.
     pub fn stats(&self) -> AllocatorStats {
-        to_stats(self.schema.lock().stats())
+        to_stats(self.schema.lock().stats(), &self.resizes)
     }
 }
 
 /// A [`ThreadPoolSchema`]: the `static` behind a `thread_pool of …` handle.
 pub struct ThreadPoolCore<P: PageParent> {
     schema: ThreadPoolSchema<P>,
+    resizes: Resizes,
 }
 
 impl<P: PageParent> ThreadPoolCore<P> {
@@ -206,6 +266,7 @@ impl<P: PageParent> ThreadPoolCore<P> {
     pub const fn new(parent: P, config: PoolConfig) -> Self {
         Self {
             schema: ThreadPoolSchema::with_config(parent, config),
+            resizes: Resizes::new(),
         }
     }
 
@@ -223,27 +284,70 @@ impl<P: PageParent> ThreadPoolCore<P> {
         layout: Layout,
         zeroed: bool,
     ) -> Option<Allocation> {
-        let block = self.allocate_unrecorded(registration, layout, zeroed)?;
+        let block = self.allocate_unrecorded(registration, layout, zeroed, true)?;
         records::after_alloc(registration, block.ptr, layout, block.size);
         Some(block)
     }
 
+    /// Allocates a block without recording it. `check_budget`: whether the budget applies
+    /// (not to a resize that needs no more granted bytes).
     #[inline]
     fn allocate_unrecorded(
         &self,
         registration: &'static Registration,
         layout: Layout,
         zeroed: bool,
+        check_budget: bool,
     ) -> Option<Allocation> {
         registration.register();
+        if check_budget && registration.budget().limit().is_some() {
+            return self.allocate_budgeted(registration, layout, zeroed);
+        }
         let block = self.schema.allocate(layout)?;
+        Some(if zeroed { zero(block) } else { block })
+    }
+
+    /// [`allocate_unrecorded`](Self::allocate_unrecorded) while a budget is set.
+    ///
+    /// The live figure (a walk over every thread's heap) is checked with the block's class
+    /// size added *before* the schema allocates, so a request over the budget leaves no
+    /// trace in the pool's figures. Threads racing at the ceiling could all pass that
+    /// check, so an allocation that passed it is checked again with every block counted,
+    /// its own included; one found over then is given back (the only refusal that shows in
+    /// the allocation and free counts). The budget is never overrun, and at the ceiling
+    /// may be enforced a little early. The mode is read once per decision.
+    #[cold]
+    #[inline(never)]
+    fn allocate_budgeted(
+        &self,
+        registration: &'static Registration,
+        layout: Layout,
+        zeroed: bool,
+    ) -> Option<Allocation> {
         let budget = registration.budget();
-        if budget.limit().is_some() {
-            let live = self.schema.stats().granted_bytes;
-            if budget.exceeded_by(live) && !over_budget(registration, live, block.size) {
-                // SAFETY: just allocated with `layout`.
-                unsafe { self.schema.deallocate(block.ptr, layout) };
-                return None;
+        // `None`: out of the pool's range, which the schema refuses (with its message).
+        let Some(granted) = self.schema.config().block_size(layout) else {
+            return self.schema.allocate(layout);
+        };
+        let live = self.schema.granted_bytes() + granted;
+        let over = budget.exceeded_by(live);
+        if over && budget.enforced() {
+            notify_over_budget(registration, live, granted, true);
+            return None;
+        }
+        let block = self.schema.allocate(layout)?;
+        if over {
+            notify_over_budget(registration, live, granted, false);
+        } else {
+            let live = self.schema.granted_bytes();
+            if budget.exceeded_by(live) {
+                let refused = budget.enforced();
+                notify_over_budget(registration, live, granted, refused);
+                if refused {
+                    // SAFETY: just allocated with `layout`, handed to no one.
+                    unsafe { self.schema.deallocate(block.ptr, layout) };
+                    return None;
+                }
             }
         }
         Some(if zeroed { zero(block) } else { block })
@@ -280,17 +384,19 @@ impl<P: PageParent> ThreadPoolCore<P> {
     ) -> Option<(Allocation, usize)> {
         // SAFETY: forwarded from the caller; the closures are this pool's own allocate and
         // free, without records (the record moves once, in the helper).
-        unsafe {
+        let result = unsafe {
             reallocate_recorded(
                 self.config(),
                 registration,
                 ptr,
                 layout,
                 new_size,
-                |l| self.allocate_unrecorded(registration, l, false),
+                |l, grows| self.allocate_unrecorded(registration, l, false, grows),
                 |p, l| self.deallocate_unrecorded(p, l),
             )
-        }
+        };
+        self.resizes.count(result.as_ref(), layout.size(), new_size);
+        result
     }
 
     /// # Safety
@@ -310,7 +416,7 @@ impl<P: PageParent> ThreadPoolCore<P> {
 
     /// The pool's figures, summed over every thread's heap.
     pub fn stats(&self) -> AllocatorStats {
-        to_stats(self.schema.stats())
+        to_stats(self.schema.stats(), &self.resizes)
     }
 }
 
@@ -325,7 +431,7 @@ unsafe fn reallocate_recorded(
     ptr: NonNull<u8>,
     layout: Layout,
     new_size: usize,
-    allocate: impl FnOnce(Layout) -> Option<Allocation>,
+    allocate: impl FnOnce(Layout, bool) -> Option<Allocation>,
     deallocate: impl FnOnce(NonNull<u8>, Layout) -> usize,
 ) -> Option<(Allocation, usize)> {
     let taken = records::before_realloc(registration, ptr);
@@ -338,7 +444,9 @@ unsafe fn reallocate_recorded(
 /// `BlockAllocator::reallocate_block` for a pool: allocate, copy and free (pools have no
 /// in-place resizing; a pool counts requested bytes from the layouts of its allocations
 /// and frees, so even a resize within one size class goes through both). `allocate` and
-/// `deallocate` are the pool's.
+/// `deallocate` are the pool's; `allocate` is told whether the new block is bigger than
+/// the old one, as only then may a budget refuse it (a shrink, or a move within the
+/// class, ends with no more bytes live than before).
 ///
 /// # Safety
 /// `ptr` must be a live block of the pool with a layout fitting `layout`; `new_size`
@@ -349,7 +457,7 @@ pub unsafe fn reallocate_in_pool(
     ptr: NonNull<u8>,
     layout: Layout,
     new_size: usize,
-    allocate: impl FnOnce(Layout) -> Option<Allocation>,
+    allocate: impl FnOnce(Layout, bool) -> Option<Allocation>,
     deallocate: impl FnOnce(NonNull<u8>, Layout) -> usize,
 ) -> Option<(Allocation, usize)> {
     let old = config.block_size(layout)?;
@@ -357,7 +465,8 @@ pub unsafe fn reallocate_in_pool(
         return Some((Allocation { ptr, size: old }, old));
     }
     let new_layout = Layout::from_size_align(new_size, layout.align()).ok()?;
-    let block = allocate(new_layout)?;
+    let grows = config.block_size(new_layout).is_none_or(|new| new > old);
+    let block = allocate(new_layout, grows)?;
     // SAFETY: distinct live blocks; the old one holds `layout.size()` bytes and is freed
     // once after the copy.
     unsafe {

@@ -548,6 +548,24 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         }
     }
 
+    /// Bytes granted to live blocks, summed over every thread's heap: `stats().granted_bytes`
+    /// without the rest of the snapshot, and without raising the recorded peak (for a
+    /// budget check before an allocation that may be refused).
+    pub fn granted_bytes(&self) -> usize {
+        let core = self.core.load(Acquire);
+        if core.is_null() {
+            return 0;
+        }
+        // SAFETY: a published core lives until the schema drops.
+        let core = unsafe { &*core };
+        let granted = core.heaps().fold(0usize, |sum, heap| {
+            // SAFETY: heaps live as long as the core; counters are atomics.
+            sum.wrapping_add(unsafe { (*heap).counters.granted.load(Relaxed) })
+        });
+        // Mid-flight reads can put a free before its allocation: never report less than 0.
+        if (granted as isize) < 0 { 0 } else { granted }
+    }
+
     /// A snapshot of the pool's counters.
     ///
     /// Each heap's counters are read one after another, so while other threads allocate
