@@ -202,6 +202,10 @@ impl OsAllocator {
         PEAK_MAPPED.fetch_max(now, Relaxed);
     }
 
+    /// Maps `len` bytes, or null. Without `MAP_NORESERVE`: that flag skips the kernel's
+    /// overcommit check, so a request far beyond the machine's memory (a 64 TiB
+    /// `try_reserve` on a 24 GiB machine) would succeed and the program be killed later when
+    /// it touched the pages, instead of getting null (`AllocError`) now, as from glibc.
     fn raw_map(len: usize) -> *mut u8 {
         // SAFETY: an anonymous private mapping with no address hint has no preconditions.
         let p = unsafe {
@@ -209,7 +213,7 @@ impl OsAllocator {
                 ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )

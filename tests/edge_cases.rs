@@ -24,6 +24,61 @@ fn sizes_near_isize_max_give_null() {
     }
 }
 
+/// Whether the kernel itself refuses a plain anonymous mapping of `len` bytes (it does for
+/// sizes beyond memory and swap, unless `vm.overcommit_memory` is 1).
+fn kernel_refuses(len: usize) -> bool {
+    // SAFETY: an anonymous private mapping with no address hint; unmapped at once.
+    unsafe {
+        let p = libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return true;
+        }
+        libc::munmap(p, len);
+        false
+    }
+}
+
+#[test]
+fn sizes_beyond_the_machine_give_null_where_the_kernel_refuses_them() {
+    let huge = 1usize << 46; // 64 TiB
+    if !kernel_refuses(huge) {
+        eprintln!("the kernel maps 64 TiB here (vm.overcommit_memory = 1?); nothing to check");
+        return;
+    }
+    for (size, align) in [(huge, 8), (huge, 1 << 20), (1 << 40, 1 << 40)] {
+        let layout = Layout::from_size_align(size, align).unwrap();
+        // SAFETY: a non-zero layout.
+        assert!(unsafe { ALLOC.alloc(layout) }.is_null(), "{layout:?}");
+        // SAFETY: as above.
+        assert!(
+            unsafe { ALLOC.alloc_zeroed(layout) }.is_null(),
+            "{layout:?}"
+        );
+    }
+    // Growth into the impossible keeps the block (a big block, so the heap would remap it).
+    let layout = Layout::from_size_align(32 << 20, 8).unwrap();
+    // SAFETY: non-zero layout; the block is used and freed with its layout.
+    unsafe {
+        let p = ALLOC.alloc(layout);
+        assert!(!p.is_null());
+        p.write_bytes(7, layout.size());
+        assert!(ALLOC.realloc(p, layout, huge).is_null());
+        assert_eq!(*p.add(layout.size() - 1), 7, "the old block is intact");
+        ALLOC.dealloc(p, layout);
+    }
+    tagalloc::allocator!(Huge: child of SystemAllocator, "edge cases: huge");
+    let mut v = allocator_api2::vec::Vec::<u8, _>::new_in(Huge);
+    assert!(v.try_reserve(huge).is_err(), "try_reserve of 64 TiB");
+    v.push(1);
+}
+
 #[test]
 fn realloc_to_an_impossible_size_gives_null_and_keeps_the_block() {
     let layout = Layout::from_size_align(100, 8).unwrap();
