@@ -638,6 +638,15 @@ macro_rules! __handle_common {
                 // SAFETY: forwarded from the caller.
                 unsafe { <Self as $crate::BlockAllocator>::deallocate_block(*self, ptr, layout) };
             }
+            #[inline]
+            unsafe fn granted_size(
+                &self,
+                ptr: ::core::ptr::NonNull<u8>,
+                layout: ::core::alloc::Layout,
+            ) -> usize {
+                // SAFETY: forwarded from the caller.
+                unsafe { <Self as $crate::BlockAllocator>::granted_size(*self, ptr, layout) }
+            }
         }
 
         $crate::__nightly_allocator!($name);

@@ -156,3 +156,30 @@ fn pool_budgets_refuse_in_fail_mode() {
 fn thread_pool_budgets_refuse_in_fail_mode() {
     check_budget(BudgetedThreads);
 }
+
+tagalloc::allocator!(Holder: child of SystemAllocator, "pools test: holds a thread pool");
+tagalloc::allocator!(HeldPool: thread_pool of Holder
+    { page_size: 65536, min_size: 16, max_size: 256 }, "pools test: thread pool in a child");
+
+/// A thread pool of a child holds nothing but its pages and bookkeeping from the child, and
+/// reports them as the child counts them: its reserved bytes are the child's live bytes,
+/// with heaps for several threads.
+#[test]
+fn a_thread_pool_reserves_what_its_parent_counts() {
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                let b = Box::new_in([1u8; 40], HeldPool);
+                assert_eq!(b[39], 1);
+            });
+        }
+    });
+    let _kept = Box::new_in([2u8; 200], HeldPool);
+    let pool = HeldPool.stats();
+    let child = Holder.stats();
+    assert!(pool.reserved_bytes > 65536, "pages and heaps: {pool:?}");
+    assert_eq!(
+        pool.reserved_bytes, child.live_granted_bytes,
+        "{pool:?} / {child:?}"
+    );
+}

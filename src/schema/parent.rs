@@ -44,6 +44,17 @@ pub unsafe trait PageParent: Sync {
     /// `ptr` must have been returned by [`allocate_page`](PageParent::allocate_page) of this
     /// parent with this `layout`, and not freed since.
     unsafe fn free_page(&self, ptr: NonNull<u8>, layout: Layout);
+
+    /// The bytes the parent set aside for a block it handed out (what its own statistics
+    /// count), so a pool reports the same figure for what it holds; `layout.size()` unless
+    /// the parent knows better.
+    ///
+    /// # Safety
+    /// As for [`free_page`](PageParent::free_page).
+    unsafe fn granted_size(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        let _ = ptr;
+        layout.size()
+    }
 }
 
 // SAFETY: `System` is the platform allocator; GlobalAlloc's contract gives exactly the
@@ -82,6 +93,12 @@ unsafe impl PageParent for SystemAllocator {
         // SAFETY: forwarded from the caller: `ptr` came from `alloc` with this layout.
         unsafe { GlobalAlloc::dealloc(self, ptr.as_ptr(), layout) }
     }
+
+    #[inline]
+    unsafe fn granted_size(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller: a live block of this heap with this layout.
+        unsafe { crate::BlockAllocator::granted_size(*self, ptr, layout) }
+    }
 }
 
 // SAFETY: forwards to `T`, which keeps the contract.
@@ -95,5 +112,11 @@ unsafe impl<T: PageParent + ?Sized> PageParent for &T {
     unsafe fn free_page(&self, ptr: NonNull<u8>, layout: Layout) {
         // SAFETY: forwarded from the caller.
         unsafe { (**self).free_page(ptr, layout) }
+    }
+
+    #[inline]
+    unsafe fn granted_size(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe { (**self).granted_size(ptr, layout) }
     }
 }

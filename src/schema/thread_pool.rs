@@ -140,14 +140,20 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         let uid = next_uid();
         let slot = registry::claim_slot(uid);
         let core = core_mem.as_ptr();
-        // SAFETY: both blocks are fresh, sized and aligned for their types; nothing else
-        // refers to them until the core is published by the CAS below.
+        // SAFETY: both blocks are fresh, sized and aligned for their types, and live blocks
+        // of the parent with these layouts; nothing else refers to them until the core is
+        // published by the CAS below.
         unsafe {
             core.write(Core::new(self.config, uid, slot));
             fallback.write(ThreadHeap::new(core, &self.config));
             (*core).fallback = fallback;
+            // Counted as the parent counts them, at their granted sizes.
             (*core).bookkeeping.store(
-                Layout::new::<Core>().size() + Layout::new::<ThreadHeap>().size(),
+                self.parent
+                    .granted_size(core_mem.cast(), Layout::new::<Core>())
+                    + self
+                        .parent
+                        .granted_size(fallback_mem, Layout::new::<ThreadHeap>()),
                 Relaxed,
             );
             let held = (*core).lock.lock();
@@ -201,8 +207,9 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                     let held = core.lock.lock();
                     core.link_heap(heap, &held);
                 }
-                core.bookkeeping
-                    .fetch_add(Layout::new::<ThreadHeap>().size(), Relaxed);
+                // SAFETY: `mem` is the live block just allocated with this layout.
+                let granted = unsafe { self.parent.granted_size(mem, Layout::new::<ThreadHeap>()) };
+                core.bookkeeping.fetch_add(granted, Relaxed);
                 heap
             }
         };
