@@ -28,6 +28,11 @@
 //! frees of buffered records and whenever its buffer overflows, and a basic record's time
 //! is the last read, which after an idle spell may be well before the allocation.
 //!
+//! Records follow the hierarchy as the statistics do: a block of a child is also a block of
+//! every allocator above it, so each of them that records has a record of it (a parent's
+//! records, like its Used figure, include its children's), and a dump of several levels
+//! lists the block under each.
+//!
 //! Set a mode in code, on a handle (`Renderer.set_records(RecordMode::full())`) or on the
 //! `SystemAllocator` (`GLOBAL.set_records(..)`), or at start-up with the environment:
 //!
