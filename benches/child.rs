@@ -42,7 +42,9 @@
 //! each call, two locked `fetch_add`s per pair (the 2 MiB row, +5 ns timed).
 //!
 //! Timed (medians of 31 interleaved runs of the example at 94ee7f8, system / child): 16 KiB
-//! +4.4 %, 256 KiB +3.4 %, 1 MiB +4.1 %, 2 MiB +15 %, batches of 64 at 16 B +5.8 %. Whole
+//! +4.4 %, 256 KiB +3.4 %, 1 MiB +4.1 %, 2 MiB +15 %, batches of 64 at 16 B +5.8 %;
+//! `bash compare/child_overhead.sh` reruns that comparison (at ec276d2 it also gave 16 B
+//! pairs with a compile-time layout +9.3 %, layout per call −0.6 %, 4 MiB +19 %). Whole
 //! workloads through a child: `bash compare/run.sh --allocators tagalloc,tagalloc-child`
 //! (README; all within 1.04, geometric mean 1.00).
 
