@@ -128,9 +128,15 @@ pub(crate) fn report_path() -> Option<&'static [u8]> {
     (*len > 0).then(|| &bytes[..*len])
 }
 
-/// Gives `entry` the mode the environment asks for, unless code set one.
+/// Gives `entry` the mode the environment asks for, unless code set one. Every entry that
+/// names it counts as matched (the last one decides), so none is reported as unknown at exit.
 fn apply(entry: &'static Registration) {
     let config = config();
+    for (i, named) in config.entries().iter().enumerate() {
+        if !named.is_wildcard() && named.matches(entry.name(), entry.description()) {
+            MATCHED[i].store(true, Relaxed);
+        }
+    }
     if let Some(i) = config.find(entry.name(), entry.description()) {
         MATCHED[i].store(true, Relaxed);
         if entry.records_supported() {

@@ -87,7 +87,9 @@ impl PurgeClock {
             return None;
         }
         self.next_tick_ms
-            .compare_exchange(next, now + delay.max(1), Relaxed, Relaxed)
+            // Saturating: a delay of centuries (up to `NEVER - 1`) means "not in this run",
+            // not an overflow (a panic in a debug build, a tick in the past in release).
+            .compare_exchange(next, now.saturating_add(delay.max(1)), Relaxed, Relaxed)
             .ok()?;
         let epoch = self.epoch.fetch_add(1, Relaxed) + 1;
         Some(if delay == 0 {
@@ -96,5 +98,33 @@ impl PurgeClock {
             // Stamped before the previous tick: idle for at least one delay.
             Cutoff { before: epoch - 1 }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events until the clock is read (the first event reads it).
+    fn events_until_a_read(clock: &PurgeClock) -> Vec<Option<Cutoff>> {
+        (0..=EVENTS_PER_CLOCK_READ).map(|_| clock.event()).collect()
+    }
+
+    #[test]
+    fn a_delay_of_centuries_starts_one_epoch_and_then_waits() {
+        let clock = PurgeClock::new(NEVER - 1);
+        let cutoffs = events_until_a_read(&clock);
+        // The first read starts the first epoch (nothing is stamped before it); the next
+        // tick is then as far away as the clock can say, not wrapped into the past.
+        assert!(cutoffs[0].is_some_and(|c| !c.covers(1)));
+        assert!(cutoffs[1..].iter().all(Option::is_none));
+        assert_eq!(clock.next_tick_ms.load(Relaxed), u64::MAX);
+        assert!(events_until_a_read(&clock).iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn never_purges_only_on_demand() {
+        let clock = PurgeClock::new(NEVER);
+        assert!(events_until_a_read(&clock).iter().all(Option::is_none));
     }
 }
