@@ -354,6 +354,10 @@ impl<S: PageSource> HphaSchema<S> {
     }
 }
 
+/// Dropping a heap gives every segment and chunk back to its page source, whatever blocks
+/// are still live in them (they become dangling, as with any arena). Blocks that had a
+/// mapping of their own (16 MiB and up, or aligned beyond what chunks serve) and are still
+/// live stay mapped: the heap keeps no list of them, and they are the owner's leak.
 impl<S: PageSource> Drop for HphaSchema<S> {
     fn drop(&mut self) {
         self.small.release_all(&self.source);
