@@ -358,3 +358,27 @@ fn try_new_boxed_returns_the_refusal() {
     drop(body);
     assert_eq!(BoxedChild.stats().live_blocks, 0);
 }
+
+tagalloc::allocator!(Above: child of SystemAllocator, "edges: parent of a budgeted child");
+tagalloc::allocator!(Below: child of Above, "edges: budgeted child");
+
+/// A child's refusal leaves no trace in its parent either: a request whose size alone is
+/// over the budget never reaches the parent, small or large, plain, zeroed or a growth.
+#[test]
+fn a_refusal_leaves_no_trace_in_the_parent() {
+    Below::registration().budget().set_hook(quiet);
+    let kept = Below.allocate(layout(200)).unwrap();
+    Below.set_budget(Some(1024), BudgetMode::Fail);
+    let parent_before = Above.stats();
+    for size in [1000, 4096, 1 << 20] {
+        assert!(Below.allocate(layout(size)).is_err(), "{size}");
+        assert!(Below.allocate_zeroed(layout(size)).is_err(), "{size}");
+    }
+    // SAFETY: `kept` was allocated with 200 bytes; a refused growth leaves it as it was.
+    assert!(unsafe { Below.grow(kept.cast(), layout(200), layout(1 << 20)) }.is_err());
+    assert_eq!(Above.stats(), parent_before, "the parent saw none of it");
+    assert_eq!(Below.stats().budget_failures, 7);
+    Below.set_budget(None, BudgetMode::Warn);
+    // SAFETY: allocated above with 200 bytes.
+    unsafe { Below.deallocate(kept.cast(), layout(200)) };
+}

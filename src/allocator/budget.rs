@@ -5,9 +5,13 @@
 //! allocation: the container sees `AllocError` (or `GlobalAlloc` returns null).
 //!
 //! The check costs one relaxed load on the allocation path while the allocator is under
-//! budget. The live figure is raised before the check and lowered again when an allocation
-//! is refused, so two threads racing at the ceiling may both see it exceeded (the budget is
-//! never silently overrun, it can be enforced a little early).
+//! budget. In Fail mode a request whose size alone is over the budget is refused before
+//! anything is allocated, so it leaves no trace but the failure counts (not in a parent's
+//! figures either). Otherwise the live figure is raised by the granted block before the
+//! exact check and lowered again when an allocation is refused, so two threads racing at
+//! the ceiling may both see it exceeded (the budget is never silently overrun, it can be
+//! enforced a little early); such a block, and one refused only for its rounding, went
+//! through the parent and back.
 
 use crate::fatal::{StackText, write_stderr};
 use core::fmt::Write;

@@ -216,7 +216,9 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
     fn account_exact(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
         let live = counters.add_granted(block.size);
-        if self.registration().budget().exceeded_by(live) && !self.over_budget(live, block.size) {
+        if self.registration().budget().exceeded_by(live)
+            && !self.over_budget(live, block.size, true)
+        {
             counters.undo_granted(block.size);
             // SAFETY: the parent just gave us this block for `layout`.
             unsafe { self.parent.deallocate_block(block.ptr, layout) };
@@ -226,13 +228,16 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
         Some(block)
     }
 
-    /// Tells the budget hook; returns whether the allocation may go ahead.
+    /// Tells the budget hook about a call that takes the child to `live` bytes; returns
+    /// whether it may go ahead. `refusable`: whether the call can still be refused (not a
+    /// resize already done by the parent); if so, the mode is read here, once, and the
+    /// answer acted on.
     #[cold]
     #[inline(never)]
-    fn over_budget(&self, live: usize, request: usize) -> bool {
+    fn over_budget(&self, live: usize, request: usize, refusable: bool) -> bool {
         let budget = self.registration().budget();
         let counters = self.counters();
-        let refused = budget.enforced();
+        let refused = refusable && budget.enforced();
         let event = BudgetEvent {
             allocator: self.registration().name(),
             budget: budget.limit().unwrap_or(usize::MAX),
@@ -449,8 +454,32 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
     #[inline(never)]
     fn allocate_slow(self, layout: Layout, zeroed: bool) -> Option<Allocation> {
         self.registration().register();
+        if self.refused_up_front(layout) {
+            return None;
+        }
         let block = self.parent_allocate(layout, zeroed)?;
         self.account_recorded(block, layout)
+    }
+
+    /// Before the parent is asked for a block while a budget in
+    /// [`BudgetMode::Fail`](crate::BudgetMode::Fail) is set: refuses a request whose size
+    /// alone takes the live figure over the budget (the parent grants at least that
+    /// much), so the refusal leaves no trace in the parent's figures, records or budget.
+    /// What passes is checked again, exactly, once the parent has said how big the block
+    /// is ([`account`](Self::account)): only a request refused for its rounding, or by a
+    /// thread racing at the ceiling, is then given back to the parent. `true`: refused
+    /// (and the hook told).
+    #[cold]
+    fn refused_up_front(self, layout: Layout) -> bool {
+        let budget = self.registration().budget();
+        if !budget.enforced() {
+            return false;
+        }
+        let live = self
+            .counters()
+            .exact_live_granted()
+            .saturating_add(layout.size());
+        budget.exceeded_by(live) && !self.over_budget(live, layout.size(), true)
     }
 
     /// Counts (see [`account`](Self::account)) and records a block the parent just granted.
@@ -465,6 +494,9 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
     #[inline]
     fn allocate_unrecorded(&self, layout: Layout) -> Option<Allocation> {
         self.registration().register();
+        if self.refused_up_front(layout) {
+            return None;
+        }
         let block = self.parent.allocate_block(layout)?;
         self.account(block, layout)
     }
@@ -804,8 +836,8 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
         if new.size > old && self.registration().budget().exceeded_by(live) {
             // Warn mode (Fail mode took the branch above for anything past the granted
             // size, and a resize within it keeps the block): the hook is told, the block
-            // kept.
-            self.over_budget(live, new.size - old);
+            // kept, whatever the mode is by now.
+            self.over_budget(live, new.size - old, false);
         }
         Some((new, old))
     }

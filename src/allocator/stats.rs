@@ -544,6 +544,15 @@ impl Counters {
         self.count_in_shard(budget, op) || self.count_in_shard_slow(budget, op)
     }
 
+    /// The live granted bytes, exact, for a budget check made before the parent is asked
+    /// for a block (see `Child::refused_up_front`): switches to the shared atomics first if
+    /// a budget was just set, as the counted call after it would.
+    #[cold]
+    pub(crate) fn exact_live_granted(&'static self) -> usize {
+        self.prepare_exact();
+        non_negative(self.live_granted.load(Relaxed))
+    }
+
     /// Before a call counted with the shared atomics because of a budget: makes sure the
     /// shared live figure holds every thread's bytes, so the budget check is exact.
     #[cold]
