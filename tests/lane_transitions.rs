@@ -3,7 +3,8 @@
 //! while another thread keeps setting and clearing budgets and records on both, so that the
 //! children's lanes close and reopen under traffic (see `lane_transitions/harness.rs`).
 //! Every block keeps its contents, and whenever no call is under way both children's
-//! figures match what the test holds; at the end nothing is live and the lanes are open.
+//! figures match what the test holds; at the end nothing is live, and each lane is open
+//! again unless records (which keep a lane closed for good) were ever on for it.
 //!
 //! Each test has its own pair of allocators, so the tests may run in parallel. The traffic
 //! lasts a few seconds; `LANE_TRANSITIONS_SECS=60` runs longer, `LANE_TRANSITIONS_SEED`
