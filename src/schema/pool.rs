@@ -387,7 +387,10 @@ pub struct PoolStats {
     /// Pages held from the parent.
     pub pages: usize,
     /// Of those, pages serving no size class (kept for reuse; `garbage_collect` returns
-    /// them). Freed blocks wait in per-class bins before going back to their pages (see
+    /// them). A class keeps its last page even when that page empties (so a class that
+    /// frees and allocates its one block in turn does not take and give back a page each
+    /// time): it is not counted here, though `garbage_collect` returns it too. Freed blocks
+    /// wait in per-class bins before going back to their pages (see
     /// [`PoolSchema`]), so a page whose blocks all wait there is counted once they go back:
     /// a [`PoolSchema`] sends them back before answering, a [`ThreadPoolSchema`]'s thread
     /// when it next needs a page, is collected, or exits.
@@ -695,7 +698,8 @@ impl<P: PageParent> PoolSchema<P> {
 
     /// A snapshot of the pool's counters (exact: the pool is single-threaded). Gives the
     /// freed blocks waiting for reuse back to their pages first, so `free_pages` counts every
-    /// page with no live block.
+    /// page with no live block but those a class keeps as its last (see
+    /// [`PoolStats::free_pages`]).
     pub fn stats(&self) -> PoolStats {
         // SAFETY: `!Sync`; the borrow ends before returning. The bins hold only blocks of
         // this pool's pages.
