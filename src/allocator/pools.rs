@@ -21,7 +21,7 @@ use crate::budget::BudgetEvent;
 use crate::records;
 use crate::registry::Registration;
 use crate::schema::{Allocation, PageParent, PoolConfig, PoolSchema, PoolStats, ThreadPoolSchema};
-use crate::stats::AllocatorStats;
+use crate::stats::{AllocatorStats, non_negative};
 use crate::sync::SpinLock;
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -39,11 +39,7 @@ fn to_stats(pool: PoolStats, resizes: &Resizes) -> AllocatorStats {
         live_granted_bytes: pool.granted_bytes,
         // Frees may name any size from the requested one to the class size, so the
         // requested figure can drift below zero; reported as 0, as a child's is.
-        live_requested_bytes: Some(if (pool.requested_bytes as isize) < 0 {
-            0
-        } else {
-            pool.requested_bytes
-        }),
+        live_requested_bytes: Some(non_negative(pool.requested_bytes)),
         live_blocks: pool.live_blocks,
         allocations: pool.allocations.saturating_sub(moves),
         frees: pool.frees.saturating_sub(moves),
@@ -166,22 +162,22 @@ impl<P: PageParent + Send> PoolCore<P> {
         registration.register();
         let budget = registration.budget();
         let schema = self.schema.lock();
-        if check_budget && budget.limit().is_some() {
-            // `None`: out of the pool's range, which the schema refuses below.
-            if let Some(granted) = schema.config().block_size(layout) {
-                let live = schema.granted_bytes() + granted;
-                if budget.exceeded_by(live) {
-                    let refused = budget.enforced();
-                    let block = if refused {
-                        None
-                    } else {
-                        Some(schema.allocate(layout)?)
-                    };
-                    drop(schema);
-                    notify_over_budget(registration, live, granted, refused);
-                    return block.map(|block| if zeroed { zero(block) } else { block });
-                }
-            }
+        // `None` from `block_size`: out of the pool's range, which the schema refuses below.
+        if check_budget
+            && budget.limit().is_some()
+            && let Some(granted) = schema.config().block_size(layout)
+            && budget.exceeded_by(schema.granted_bytes() + granted)
+        {
+            let live = schema.granted_bytes() + granted;
+            let refused = budget.enforced();
+            let block = if refused {
+                None
+            } else {
+                Some(schema.allocate(layout)?)
+            };
+            drop(schema);
+            notify_over_budget(registration, live, granted, refused);
+            return block.map(|block| if zeroed { zero(block) } else { block });
         }
         let block = schema.allocate(layout)?;
         drop(schema);

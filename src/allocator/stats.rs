@@ -205,7 +205,7 @@ fn slot_bits(slot: usize) -> u32 {
 /// A wrapping byte total read as a count: a negative one (a blend of instants, or a free
 /// counted before its allocation was published) reads as zero.
 #[inline]
-fn non_negative(bytes: usize) -> usize {
+pub(crate) fn non_negative(bytes: usize) -> usize {
     if (bytes as isize) < 0 { 0 } else { bytes }
 }
 

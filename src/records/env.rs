@@ -138,7 +138,6 @@ fn apply(entry: &'static Registration) {
         }
     }
     if let Some(i) = config.find(entry.name(), entry.description()) {
-        MATCHED[i].store(true, Relaxed);
         if entry.records_supported() {
             entry.apply_records_from_env(config.entries()[i].mode());
         }

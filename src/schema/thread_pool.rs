@@ -140,22 +140,22 @@ impl<P: PageParent> ThreadPoolSchema<P> {
         let uid = next_uid();
         let slot = registry::claim_slot(uid);
         let core = core_mem.as_ptr();
-        // SAFETY: both blocks are fresh, sized and aligned for their types, and live blocks
-        // of the parent with these layouts; nothing else refers to them until the core is
-        // published by the CAS below.
+        // Counted as the parent counts them, at their granted sizes.
+        // SAFETY: both are live blocks the parent just handed out with these layouts.
+        let bookkeeping = unsafe {
+            self.parent
+                .granted_size(core_mem.cast(), Layout::new::<Core>())
+                + self
+                    .parent
+                    .granted_size(fallback_mem, Layout::new::<ThreadHeap>())
+        };
+        // SAFETY: both blocks are fresh, sized and aligned for their types; nothing else
+        // refers to them until the core is published by the CAS below.
         unsafe {
             core.write(Core::new(self.config, uid, slot));
             fallback.write(ThreadHeap::new(core, &self.config));
             (*core).fallback = fallback;
-            // Counted as the parent counts them, at their granted sizes.
-            (*core).bookkeeping.store(
-                self.parent
-                    .granted_size(core_mem.cast(), Layout::new::<Core>())
-                    + self
-                        .parent
-                        .granted_size(fallback_mem, Layout::new::<ThreadHeap>()),
-                Relaxed,
-            );
+            (*core).bookkeeping.store(bookkeeping, Relaxed);
             let held = (*core).lock.lock();
             (*core).link_heap(fallback, &held);
         }
@@ -559,18 +559,14 @@ impl<P: PageParent> ThreadPoolSchema<P> {
     /// without the rest of the snapshot, and without raising the recorded peak (for a
     /// budget check before an allocation that may be refused).
     pub fn granted_bytes(&self) -> usize {
-        let core = self.core.load(Acquire);
-        if core.is_null() {
-            return 0;
-        }
+        self.published_core()
+            .map_or(0, |core| HeapSums::of(core).granted)
+    }
+
+    /// The core, once the first allocation has published it.
+    fn published_core(&self) -> Option<&Core> {
         // SAFETY: a published core lives until the schema drops.
-        let core = unsafe { &*core };
-        let granted = core.heaps().fold(0usize, |sum, heap| {
-            // SAFETY: heaps live as long as the core; counters are atomics.
-            sum.wrapping_add(unsafe { (*heap).counters.granted.load(Relaxed) })
-        });
-        // Mid-flight reads can put a free before its allocation: never report less than 0.
-        if (granted as isize) < 0 { 0 } else { granted }
+        unsafe { self.core.load(Acquire).as_ref() }
     }
 
     /// A snapshot of the pool's counters.
@@ -585,28 +581,15 @@ impl<P: PageParent> ThreadPoolSchema<P> {
     /// this method) has been. It can therefore differ from the true peak by less than one
     /// page per heap (`page_size × thread_heaps`).
     pub fn stats(&self) -> PoolStats {
-        let core = self.core.load(Acquire);
-        if core.is_null() {
+        let Some(core) = self.published_core() else {
             return PoolStats::default();
-        }
-        // SAFETY: a published core lives until the schema drops.
-        let core = unsafe { &*core };
-        let (mut allocations, mut frees, mut granted, mut requested) = (0u64, 0u64, 0usize, 0usize);
-        for heap in core.heaps() {
-            // SAFETY: heaps live as long as the core; counters are atomics.
-            let c = unsafe { &(*heap).counters };
-            allocations += c.allocations.load(Relaxed);
-            frees += c.frees.load(Relaxed);
-            granted = granted.wrapping_add(c.granted.load(Relaxed));
-            requested = requested.wrapping_add(c.requested.load(Relaxed));
-        }
-        // Mid-flight reads can put a free before its allocation: never report less than 0.
-        let granted = if (granted as isize) < 0 { 0 } else { granted };
-        let requested = if (requested as isize) < 0 {
-            0
-        } else {
-            requested
         };
+        let HeapSums {
+            allocations,
+            frees,
+            granted,
+            requested,
+        } = HeapSums::of(core);
         let peak = core.peak.fetch_max(granted, Relaxed).max(granted);
         let pages = core.pages.load(Relaxed);
         let bookkeeping = core.bookkeeping.load(Relaxed);
@@ -700,6 +683,38 @@ impl<P: PageParent> Drop for ThreadPoolSchema<P> {
             core.drop_in_place();
             parent.free_page(NonNull::new_unchecked(core.cast()), Layout::new::<Core>());
         }
+    }
+}
+
+/// Every thread heap's counters of a core, added up.
+struct HeapSums {
+    allocations: u64,
+    frees: u64,
+    granted: usize,
+    requested: usize,
+}
+
+impl HeapSums {
+    fn of(core: &Core) -> Self {
+        let mut sums = Self {
+            allocations: 0,
+            frees: 0,
+            granted: 0,
+            requested: 0,
+        };
+        for heap in core.heaps() {
+            // SAFETY: heaps live as long as the core; counters are atomics.
+            let c = unsafe { &(*heap).counters };
+            sums.allocations += c.allocations.load(Relaxed);
+            sums.frees += c.frees.load(Relaxed);
+            sums.granted = sums.granted.wrapping_add(c.granted.load(Relaxed));
+            sums.requested = sums.requested.wrapping_add(c.requested.load(Relaxed));
+        }
+        // Mid-flight reads can put a free before its allocation: never report less than 0.
+        let non_negative = |bytes: usize| if (bytes as isize) < 0 { 0 } else { bytes };
+        sums.granted = non_negative(sums.granted);
+        sums.requested = non_negative(sums.requested);
+        sums
     }
 }
 
