@@ -304,8 +304,19 @@ macro_rules! allocator {
             static CORE: $crate::pools::$core<$parent> =
                 $crate::pools::$core::new(<$parent as $crate::BlockAllocator>::INSTANCE, $config);
 
-            fn read(_: &'static $crate::Registration) -> $crate::AllocatorStats {
-                CORE.stats()
+            fn read(registration: &'static $crate::Registration) -> $crate::AllocatorStats {
+                CORE.stats(registration)
+            }
+
+            fn hold_for_fork() {
+                CORE.hold_for_fork();
+            }
+
+            /// # Safety
+            /// As for `release` in `tagalloc::registry::ForkLock`.
+            unsafe fn release_after_fork() {
+                // SAFETY: forwarded from the caller (the fork handlers, after `hold`).
+                unsafe { CORE.release_after_fork() };
             }
 
             static REGISTRATION: $crate::Registration = $crate::Registration::new(
@@ -314,7 +325,11 @@ macro_rules! allocator {
                 $crate::AllocatorKind::$kind,
                 ::core::option::Option::Some(<$parent as $crate::BlockAllocator>::registration),
                 read,
-            );
+            )
+            .with_fork_lock($crate::registry::ForkLock {
+                hold: hold_for_fork,
+                release: release_after_fork,
+            });
 
             impl $name {
                 /// The pool's geometry (page size, smallest and largest block).
@@ -324,7 +339,7 @@ macro_rules! allocator {
 
                 /// Returns the pool's empty pages to its parent.
                 pub fn garbage_collect(self) {
-                    CORE.garbage_collect();
+                    CORE.garbage_collect(&REGISTRATION);
                 }
             }
 

@@ -25,7 +25,7 @@ pub mod schema;
 //    (src/records/) hook into both.
 mod allocator;
 pub mod records;
-pub(crate) use allocator::{budget, lanes, stats, system, thread_cache};
+pub(crate) use allocator::{budget, fork, lanes, stats, system, thread_cache};
 pub use allocator::{child, pools, registry};
 // 4. What programs use: per-type handles (`allocator!`), typed allocation, reports.
 pub mod handle;

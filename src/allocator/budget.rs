@@ -105,6 +105,11 @@ impl Budget {
 
     /// Replaces the hook called when the budget is exceeded (the default is
     /// [`log_budget_event`]).
+    ///
+    /// The hook runs inside the allocation that went over, on the allocating thread. When
+    /// the allocator is the parent of a pool, that pool's lock is held meanwhile: a hook
+    /// that allocates from a *pool* (other than through the global allocator) can then
+    /// deadlock a concurrent `fork()`, whose handlers take the pools' locks in tree order.
     pub fn set_hook(&self, hook: BudgetHook) {
         self.hook.store(hook as *mut (), Relaxed);
     }

@@ -4,6 +4,7 @@
 
 pub(crate) mod budget;
 pub mod child;
+pub(crate) mod fork;
 pub(crate) mod lanes;
 pub mod pools;
 pub mod registry;

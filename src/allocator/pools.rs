@@ -111,8 +111,15 @@ fn zero(block: Allocation) -> Allocation {
 }
 
 /// A [`PoolSchema`] behind a spin lock: the `static` behind a `pool of …` handle.
+///
+/// `fork()`: the handle's registration carries a [`ForkLock`](crate::registry::ForkLock)
+/// ([`hold_for_fork`](Self::hold_for_fork)), so the fork handlers take this lock before a
+/// fork. The lock is therefore only ever taken once the pool is registered (the prepare
+/// handler knows only registered pools): a pool never used reads as empty without it.
 pub struct PoolCore<P: PageParent + Send> {
     schema: SpinLock<PoolSchema<P>>,
+    /// The schema's geometry, readable without the lock.
+    config: PoolConfig,
     resizes: Resizes,
 }
 
@@ -121,13 +128,14 @@ impl<P: PageParent + Send> PoolCore<P> {
     pub const fn new(parent: P, config: PoolConfig) -> Self {
         Self {
             schema: SpinLock::new(PoolSchema::with_config(parent, config)),
+            config,
             resizes: Resizes::new(),
         }
     }
 
     /// The pool's geometry.
     pub fn config(&self) -> PoolConfig {
-        *self.schema.lock().config()
+        self.config
     }
 
     /// Allocates a block (zeroed if asked), checking the budget of `registration`, and
@@ -240,14 +248,40 @@ impl<P: PageParent + Send> PoolCore<P> {
         granted
     }
 
-    /// Returns the pool's empty pages to its parent.
-    pub fn garbage_collect(&self) {
-        self.schema.lock().garbage_collect();
+    /// Returns the pool's empty pages to its parent. Does nothing before `registration`
+    /// (the pool's own) is registered: the pool has then never allocated.
+    pub fn garbage_collect(&self, registration: &Registration) {
+        if registration.is_registered() {
+            self.schema.lock().garbage_collect();
+        }
     }
 
-    /// The pool's figures.
-    pub fn stats(&self) -> AllocatorStats {
+    /// The pool's figures (all zero before `registration`, the pool's own, is registered:
+    /// the pool has then never allocated).
+    pub fn stats(&self, registration: &Registration) -> AllocatorStats {
+        if !registration.is_registered() {
+            return to_stats(PoolStats::default(), &self.resizes);
+        }
         to_stats(self.schema.lock().stats(), &self.resizes)
+    }
+
+    /// Takes the pool's lock and keeps it: the `hold` of the pool's
+    /// [`ForkLock`](crate::registry::ForkLock). Waits for any thread inside the pool.
+    #[doc(hidden)]
+    pub fn hold_for_fork(&self) {
+        // SAFETY: leaving the lock held is sound; the fork handlers release it with
+        // `release_after_fork` once the fork is over.
+        unsafe { self.schema.lock_raw() };
+    }
+
+    /// Releases the lock taken by [`hold_for_fork`](Self::hold_for_fork).
+    ///
+    /// # Safety
+    /// Once after each `hold_for_fork`, with no guard of the lock live on this thread.
+    #[doc(hidden)]
+    pub unsafe fn release_after_fork(&self) {
+        // SAFETY: held through `lock_raw` by `hold_for_fork`, as the caller guarantees.
+        unsafe { self.schema.force_unlock() };
     }
 }
 
@@ -406,13 +440,38 @@ impl<P: PageParent> ThreadPoolCore<P> {
     }
 
     /// Returns empty pages to the parent (see [`ThreadPoolSchema::garbage_collect`]).
-    pub fn garbage_collect(&self) {
-        self.schema.garbage_collect();
+    /// Does nothing before `registration` (the pool's own) is registered, as for a
+    /// [`PoolCore`].
+    pub fn garbage_collect(&self, registration: &Registration) {
+        if registration.is_registered() {
+            self.schema.garbage_collect();
+        }
     }
 
-    /// The pool's figures, summed over every thread's heap.
-    pub fn stats(&self) -> AllocatorStats {
+    /// The pool's figures, summed over every thread's heap (all zero before
+    /// `registration`, the pool's own, is registered).
+    pub fn stats(&self, registration: &Registration) -> AllocatorStats {
+        if !registration.is_registered() {
+            return to_stats(PoolStats::default(), &self.resizes);
+        }
         to_stats(self.schema.stats(), &self.resizes)
+    }
+
+    /// Takes the lock of the pool's shared state, if it exists yet, and keeps it: the
+    /// `hold` of the pool's [`ForkLock`](crate::registry::ForkLock).
+    #[doc(hidden)]
+    pub fn hold_for_fork(&self) {
+        self.schema.hold_for_fork();
+    }
+
+    /// Releases what [`hold_for_fork`](Self::hold_for_fork) took.
+    ///
+    /// # Safety
+    /// Once after each `hold_for_fork`, with no guard of the lock live on this thread.
+    #[doc(hidden)]
+    pub unsafe fn release_after_fork(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.schema.release_after_fork() };
     }
 }
 

@@ -11,6 +11,8 @@
 //! as indices 0 and 1. A declared allocator registers its parent before itself, so a
 //! parent's index is always below its children's.
 
+use super::fork;
+pub use super::fork::ForkLock;
 use crate::budget::{Budget, BudgetMode};
 use crate::os::OsAllocator;
 use crate::records::{self, RecordMode, RecordSettings};
@@ -79,6 +81,8 @@ pub struct Registration {
     counters: Counters,
     budget: Budget,
     records: RecordSettings,
+    /// The lock the fork handlers take for this allocator, if it has one (see `fork`).
+    fork_lock: Option<ForkLock>,
     next: AtomicPtr<Registration>,
     index: AtomicUsize,
     state: AtomicU8,
@@ -177,9 +181,21 @@ impl Registration {
             counters: Counters::new(),
             budget: Budget::new(),
             records: RecordSettings::new(),
+            fork_lock: None,
             next: AtomicPtr::new(ptr::null_mut()),
             index: AtomicUsize::new(usize::MAX),
             state: AtomicU8::new(UNREGISTERED),
+        }
+    }
+
+    /// This entry, with a lock that the `fork()` handlers take before a fork (waiting for
+    /// any thread inside the allocator to leave it) and release after, so a child process
+    /// never inherits it held. For allocators with a lock of their own: the pool cores
+    /// behind `allocator!` handles use it. See [`ForkLock`] for the contract.
+    pub const fn with_fork_lock(self, lock: ForkLock) -> Self {
+        Self {
+            fork_lock: Some(lock),
+            ..self
         }
     }
 
@@ -205,6 +221,28 @@ impl Registration {
         if let Some(parent) = self.parent {
             parent().register();
         }
+        if self.fork_lock.is_some() {
+            fork::install();
+        }
+        // Linked under the fork gate: no fork copies an entry half linked (left
+        // `REGISTERING` for ever in the child), and the fork handlers see every entry whose
+        // lock may be held.
+        let linked = fork::publish(|| self.link());
+        if !linked {
+            // Another thread is linking it in: wait the few instructions that takes, so that
+            // when this returns the entry is registered (and a child registering after it
+            // gets a later index than its parent).
+            while self.state.load(Ordering::Acquire) != REGISTERED {
+                core::hint::spin_loop();
+            }
+            return;
+        }
+        // A `TAGALLOC_RECORDS` entry may name this allocator.
+        records::env::on_register(self);
+    }
+
+    /// Links this entry at the head of the list; `false` if another thread got there first.
+    fn link(&'static self) -> bool {
         if self
             .state
             .compare_exchange(
@@ -215,13 +253,7 @@ impl Registration {
             )
             .is_err()
         {
-            // Another thread is linking it in: wait the few instructions that takes, so that
-            // when this returns the entry is registered (and a child registering after it
-            // gets a later index than its parent).
-            while self.state.load(Ordering::Acquire) != REGISTERED {
-                core::hint::spin_loop();
-            }
-            return;
+            return false;
         }
         self.index.store(
             NEXT_INDEX.fetch_add(1, Ordering::Relaxed),
@@ -238,8 +270,18 @@ impl Registration {
             }
         }
         self.state.store(REGISTERED, Ordering::Release);
-        // A `TAGALLOC_RECORDS` entry may name this allocator.
-        records::env::on_register(self);
+        true
+    }
+
+    /// How many parents this allocator has above it.
+    fn depth(&self) -> usize {
+        let mut depth = 0;
+        let mut above = self.parent();
+        while let Some(parent) = above {
+            depth += 1;
+            above = parent.parent();
+        }
+        depth
     }
 
     /// Whether this entry is in the registry.
@@ -417,6 +459,54 @@ impl Iterator for Allocators {
     }
 }
 
+/// The allocators whose fork locks the prepare handler holds: the registry as it was when
+/// it took them (entries are only ever added at the head, so the list from that head is the
+/// same set at release time).
+pub(crate) struct HeldForFork {
+    head: AtomicPtr<Registration>,
+}
+
+impl HeldForFork {
+    pub(crate) const fn new() -> Self {
+        Self {
+            head: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// Takes the fork lock of every registered allocator that has one, deepest in the tree
+    /// first (an allocator's lock can be held while its parent's is taken, never the other
+    /// way round).
+    pub(crate) fn hold(&self) {
+        let head = HEAD.load(Ordering::Acquire);
+        self.head.store(head, Ordering::Relaxed);
+        let lockable =
+            || Allocators { next: head }.filter_map(|r| r.fork_lock.map(|lock| (r.depth(), lock)));
+        let Some(deepest) = lockable().map(|(depth, _)| depth).max() else {
+            return;
+        };
+        for depth in (0..=deepest).rev() {
+            for (_, lock) in lockable().filter(|&(d, _)| d == depth) {
+                (lock.hold)();
+            }
+        }
+    }
+
+    /// Releases what [`hold`](Self::hold) took.
+    ///
+    /// # Safety
+    /// Once after each `hold`, on the thread that called it (or in the child it forked),
+    /// with no guard of those locks live.
+    pub(crate) unsafe fn release(&self) {
+        let head = self.head.load(Ordering::Relaxed);
+        for registration in (Allocators { next: head }) {
+            if let Some(lock) = registration.fork_lock {
+                // SAFETY: taken by `hold`, as the caller guarantees; released once.
+                unsafe { (lock.release)() };
+            }
+        }
+    }
+}
+
 // SAFETY: the iterator only holds a pointer to a `'static`, `Sync` registration.
 unsafe impl Send for Allocators {}
 // SAFETY: as above; shared access never mutates through the pointer.
@@ -466,5 +556,93 @@ mod tests {
         assert_eq!(B.parent().unwrap().name(), "RegistryTestA");
         assert_eq!(OS.index(), Some(0));
         assert_eq!(SYSTEM.parent().unwrap().name(), "OSAllocator");
+    }
+
+    /// Fork locks that log the order they are taken and released in.
+    mod logged {
+        use core::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        pub static HELD: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+        pub static RELEASED: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+        static CLOCK: AtomicUsize = AtomicUsize::new(1);
+        fn tick(slot: &AtomicUsize) {
+            slot.store(CLOCK.fetch_add(1, SeqCst), SeqCst);
+        }
+        pub fn hold_top() {
+            tick(&HELD[0]);
+        }
+        pub fn hold_middle() {
+            tick(&HELD[1]);
+        }
+        pub fn hold_bottom() {
+            tick(&HELD[2]);
+        }
+        pub unsafe fn release_top() {
+            tick(&RELEASED[0]);
+        }
+        pub unsafe fn release_middle() {
+            tick(&RELEASED[1]);
+        }
+        pub unsafe fn release_bottom() {
+            tick(&RELEASED[2]);
+        }
+    }
+
+    // Registered bottom first; the tree is SystemAllocator > Top > Middle > Bottom.
+    static TOP: Registration = Registration::new(
+        "ForkOrderTop",
+        "",
+        AllocatorKind::Pool,
+        Some(system),
+        Registration::read_counters,
+    )
+    .with_fork_lock(ForkLock {
+        hold: logged::hold_top,
+        release: logged::release_top,
+    });
+    static MIDDLE: Registration = Registration::new(
+        "ForkOrderMiddle",
+        "",
+        AllocatorKind::Pool,
+        Some(top),
+        Registration::read_counters,
+    )
+    .with_fork_lock(ForkLock {
+        hold: logged::hold_middle,
+        release: logged::release_middle,
+    });
+    static BOTTOM: Registration = Registration::new(
+        "ForkOrderBottom",
+        "",
+        AllocatorKind::Pool,
+        Some(middle),
+        Registration::read_counters,
+    )
+    .with_fork_lock(ForkLock {
+        hold: logged::hold_bottom,
+        release: logged::release_bottom,
+    });
+    fn top() -> &'static Registration {
+        &TOP
+    }
+    fn middle() -> &'static Registration {
+        &MIDDLE
+    }
+
+    #[test]
+    fn fork_locks_are_taken_deepest_first_and_all_released() {
+        use core::sync::atomic::Ordering::SeqCst;
+        BOTTOM.register();
+        assert_eq!(BOTTOM.depth(), 4); // OS > System > Top > Middle > Bottom
+        let held = HeldForFork::new();
+        held.hold();
+        let at = |slots: &[core::sync::atomic::AtomicUsize; 3]| {
+            [0, 1, 2].map(|i| slots[i].load(SeqCst))
+        };
+        let [top, middle, bottom] = at(&logged::HELD);
+        assert!(0 < bottom && bottom < middle && middle < top, "{bottom} {middle} {top}");
+        assert_eq!(at(&logged::RELEASED), [0, 0, 0]);
+        // SAFETY: after `hold`, on this thread; the logged locks hold nothing.
+        unsafe { held.release() };
+        assert!(at(&logged::RELEASED).iter().all(|&t| t > top));
     }
 }

@@ -17,8 +17,9 @@
 //! destructors run. The cache itself is a `const`-initialised `thread_local!` with no `Drop`,
 //! so reaching it is a plain TLS access with no lazy initialisation.
 //!
-//! `fork()`: handlers registered with `pthread_atfork` take every heap lock before the fork
-//! and release them after, and the child adopts the caches of the threads it lost.
+//! `fork()`: the handlers in [`fork`](super::fork) take the thread list and every heap lock
+//! before the fork (after the pools' and the records' locks) and release them after, and
+//! the child adopts the caches of the threads it lost.
 //!
 //! The cache also carries the thread's shards of the tagged allocators' counters
 //! ([`ShardSet`]), so they share its registration, thread-exit and fork handling: readers
@@ -1384,14 +1385,7 @@ fn process_hooks() -> Option<libc::pthread_key_t> {
                 let mut key: libc::pthread_key_t = 0;
                 // SAFETY: `key` is writable; the destructor has the signature pthread wants.
                 let ok = unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0
-                    // SAFETY: the handlers are plain functions that only take/release locks.
-                    && unsafe {
-                        libc::pthread_atfork(
-                            Some(before_fork),
-                            Some(after_fork_in_parent),
-                            Some(after_fork_in_child),
-                        )
-                    } == 0;
+                    && super::fork::install();
                 EXIT_KEY.store(key as u64, Relaxed);
                 HOOKS.store(if ok { HOOKS_READY } else { HOOKS_FAILED }, Release);
             }
@@ -1408,8 +1402,18 @@ unsafe extern "C" fn on_thread_exit(cache: *mut libc::c_void) {
     unsafe { (*tc).retire(&mut list) };
 }
 
-unsafe extern "C" fn before_fork() {
-    // SAFETY: every lock is released by one of the two after-fork handlers.
+/// Whether the thread caches are in use (their locks then matter around `fork()`).
+pub(crate) fn fork_hooks_ready() -> bool {
+    HOOKS.load(Acquire) == HOOKS_READY
+}
+
+/// Takes the thread list's and the global heap's locks before `fork()` (called by the fork
+/// handlers in `fork`, after every lock that can be held while these are taken).
+///
+/// # Safety
+/// Must be followed by [`after_fork`] on the same thread (or in the child it forks).
+pub(crate) unsafe fn before_fork() {
+    // SAFETY: every lock is released by `after_fork`.
     unsafe {
         THREADS.lock_raw();
         HEAP.small_heap().lock_all();
@@ -1417,8 +1421,12 @@ unsafe extern "C" fn before_fork() {
     }
 }
 
-unsafe extern "C" fn after_fork_in_parent() {
-    // SAFETY: the locks were taken by `before_fork` on this thread.
+/// Releases what [`before_fork`] took, in the parent or the child.
+///
+/// # Safety
+/// Only after `before_fork`, on the thread that called it (or in the child it forked).
+pub(crate) unsafe fn after_fork(_child: bool) {
+    // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the child).
     unsafe {
         HEAP.large_heap().unlock_all();
         HEAP.small_heap().unlock_all();
@@ -1426,15 +1434,9 @@ unsafe extern "C" fn after_fork_in_parent() {
     }
 }
 
-unsafe extern "C" fn after_fork_in_child() {
-    // SAFETY: the locks were taken by `before_fork` in the parent, copied into the child.
-    unsafe {
-        HEAP.large_heap().unlock_all();
-        HEAP.small_heap().unlock_all();
-        THREADS.force_unlock();
-    }
-    // Only this thread exists in the child: adopt the caches of the others, whose memory was
-    // copied but whose threads are gone.
+/// In the child after `fork()`, once every lock is free: only this thread exists, so it
+/// adopts the caches of the others, whose memory was copied but whose threads are gone.
+pub(crate) fn adopt_orphans_after_fork() {
     let me = CACHE.with(|tc| ptr::from_ref(tc).cast_mut());
     let mut list = THREADS.lock();
     let mut tc = list.head;

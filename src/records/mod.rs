@@ -154,23 +154,20 @@ pub(crate) fn activate() {
     }
     clock::start_epoch();
     heap::REGISTRATION.register();
-    // SAFETY: the handlers are plain functions that only take and release locks.
-    let rc = unsafe {
-        libc::pthread_atfork(
-            Some(before_fork),
-            Some(after_fork_in_parent),
-            Some(after_fork_in_child),
-        )
-    };
-    if rc != 0 {
-        crate::fatal::write_stderr(
-            b"tagalloc: pthread_atfork failed; a fork() during recording may deadlock the child\n",
-        );
-    }
+    crate::fork::install();
 }
 
-unsafe extern "C" fn before_fork() {
-    // SAFETY: released by `after_fork_*`; the order (table, buffers, stacks, heap) is the
+/// Whether records were ever turned on (their locks then matter around `fork()`).
+pub(crate) fn is_active() -> bool {
+    ACTIVE.load(Acquire)
+}
+
+/// Takes the records' locks before `fork()` (called by the fork handlers in `fork`).
+///
+/// # Safety
+/// Must be followed by [`after_fork`] on the same thread (or in the child it forks).
+pub(crate) unsafe fn before_fork() {
+    // SAFETY: released by `after_fork`; the order (table, buffers, stacks, heap) is the
     // only order in which these locks are ever nested.
     unsafe {
         table::lock_all();
@@ -185,7 +182,7 @@ unsafe extern "C" fn before_fork() {
 ///
 /// # Safety
 /// Only after `before_fork`, on the thread that called it (or in the child it forked).
-unsafe fn after_fork(child: bool) {
+pub(crate) unsafe fn after_fork(child: bool) {
     // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the child).
     unsafe {
         heap::RECORDS_HEAP.large_heap().unlock_all();
@@ -194,16 +191,6 @@ unsafe fn after_fork(child: bool) {
         table::unlock_all();
         buffer::after_fork(child);
     }
-}
-
-unsafe extern "C" fn after_fork_in_parent() {
-    // SAFETY: registered as the parent's after-fork handler, so `before_fork` ran.
-    unsafe { after_fork(false) }
-}
-
-unsafe extern "C" fn after_fork_in_child() {
-    // SAFETY: registered as the child's after-fork handler, so `before_fork` ran.
-    unsafe { after_fork(true) }
 }
 
 // ---- Hooks, called by the allocators. Each is one load and one branch while off. ----

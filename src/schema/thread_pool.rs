@@ -82,6 +82,8 @@ pub struct ThreadPoolSchema<P: PageParent = SystemAllocator> {
     core: AtomicPtr<Core>,
     /// Whether a refused request was already noted on stderr.
     refusal_noted: AtomicBool,
+    /// The core whose lock the fork handlers hold (see `hold_for_fork`); null otherwise.
+    fork_held: AtomicPtr<Core>,
 }
 
 impl<P: PageParent> ThreadPoolSchema<P> {
@@ -98,6 +100,7 @@ impl<P: PageParent> ThreadPoolSchema<P> {
             config,
             core: AtomicPtr::new(null_mut()),
             refusal_noted: AtomicBool::new(false),
+            fork_held: AtomicPtr::new(null_mut()),
         }
     }
 
@@ -159,10 +162,13 @@ impl<P: PageParent> ThreadPoolSchema<P> {
             let held = (*core).lock.lock();
             (*core).link_heap(fallback, &held);
         }
-        match self
-            .core
-            .compare_exchange(null_mut(), core, AcqRel, Acquire)
-        {
+        // Published under the fork gate, so a fork's prepare handler either sees the core
+        // (and takes its lock) or finishes before anyone can take it.
+        let published = crate::fork::publish(|| {
+            self.core
+                .compare_exchange(null_mut(), core, AcqRel, Acquire)
+        });
+        match published {
             // SAFETY: published; lives until the schema drops.
             Ok(_) => Some(unsafe { &*core }),
             Err(existing) => {
@@ -177,6 +183,32 @@ impl<P: PageParent> ThreadPoolSchema<P> {
                     Some(&*existing)
                 }
             }
+        }
+    }
+
+    /// Takes the shared state's lock, if the state exists yet, and keeps it, for `fork()`:
+    /// the lock guards the shared page list, abandoned heaps and the fallback heap, which a
+    /// thread the child does not have could otherwise leave locked or half updated.
+    pub(crate) fn hold_for_fork(&self) {
+        let core = self.core.load(Acquire);
+        if !core.is_null() {
+            // SAFETY: a published core lives until the schema drops; leaving its lock held
+            // is sound, and `release_after_fork` releases it.
+            unsafe { (*core).lock.lock_raw() };
+        }
+        self.fork_held.store(core, Relaxed);
+    }
+
+    /// Releases the lock taken by [`hold_for_fork`](Self::hold_for_fork), if it took one.
+    ///
+    /// # Safety
+    /// Once after each `hold_for_fork`, with no guard of the lock live on this thread.
+    pub(crate) unsafe fn release_after_fork(&self) {
+        let core = self.fork_held.swap(null_mut(), Relaxed);
+        if !core.is_null() {
+            // SAFETY: `hold_for_fork` took this core's lock with `lock_raw`; the caller
+            // guarantees no guard of it is live.
+            unsafe { (*core).lock.force_unlock() };
         }
     }
 
