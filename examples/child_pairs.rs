@@ -14,9 +14,11 @@
 //! loop, which lets the compiler move the size check and class lookup of the simplest
 //! path, the `SystemAllocator`'s, out of the loop), `opaque` (hidden from the optimiser at
 //! every call, as a layout computed per call is), `const` (a compile-time constant, as
-//! for `Box<T>`; sizes 16 and 1024 only) or `batch` (64 allocations, then their 64 frees:
+//! for `Box<T>`; sizes 16, 20 and 1024 only), `batch` (64 allocations, then their 64 frees:
 //! the bins refill and overflow, so the slow paths count too; PAIRS should be a multiple of
-//! 64).
+//! 64) or `random` (each pair a size drawn from SIZE/2 to SIZE, in a fixed pseudo-random
+//! order, so that a branch on the size cannot be predicted; run with
+//! `valgrind --tool=callgrind --branch-sim=yes` to count mispredictions).
 
 use std::alloc::Layout;
 use std::hint::black_box;
@@ -68,15 +70,37 @@ fn run_batches<B: BlockAllocator>(alloc: B, layout: Layout, pairs: u64) {
     }
 }
 
+/// `pairs` pairs of sizes drawn at random from `layout.size() / 2 ..= layout.size()` (a
+/// fixed pseudo-random sequence), so that branches on the size do not predict.
+#[inline(never)]
+fn run_random<B: BlockAllocator>(alloc: B, layout: Layout, pairs: u64) {
+    let top = layout.size();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let layouts: Vec<Layout> = (0..4096)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let size = top / 2 + (seed as usize) % (top - top / 2 + 1);
+            Layout::from_size_align(size, layout.align()).unwrap()
+        })
+        .collect();
+    for i in 0..pairs {
+        pair(alloc, layouts[i as usize & 4095]);
+    }
+}
+
 /// `pairs` pairs the way the command line asks (see the module docs).
 fn run_mode<B: BlockAllocator>(alloc: B, layout: Layout, pairs: u64, mode: &str) {
     match (mode, layout.size()) {
         ("hoisted", _) => run(alloc, layout, pairs),
         ("opaque", _) => run_opaque(alloc, layout, pairs),
         ("batch", _) => run_batches(alloc, layout, pairs),
+        ("random", _) => run_random(alloc, layout, pairs),
         ("const", 16) => run_const::<B, 16>(alloc, pairs),
+        ("const", 20) => run_const::<B, 20>(alloc, pairs),
         ("const", 1024) => run_const::<B, 1024>(alloc, pairs),
-        _ => panic!("mode: hoisted, opaque, batch, or const with size 16 or 1024"),
+        _ => panic!("mode: hoisted, opaque, batch, random, or const with size 16, 20 or 1024"),
     }
 }
 
@@ -94,7 +118,7 @@ fn pair<B: BlockAllocator>(alloc: B, layout: Layout) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage =
-        "usage: child_pairs system|child|grandchild SIZE PAIRS [hoisted|opaque|const|batch]";
+        "usage: child_pairs system|child|grandchild SIZE PAIRS [hoisted|opaque|const|batch|random]";
     let (which, size, pairs, mode) = match &args[..] {
         [_, which, size, pairs, rest @ ..] if rest.len() <= 1 => (
             which.as_str(),

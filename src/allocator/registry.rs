@@ -635,11 +635,13 @@ mod tests {
         assert_eq!(BOTTOM.depth(), 4); // OS > System > Top > Middle > Bottom
         let held = HeldForFork::new();
         held.hold();
-        let at = |slots: &[core::sync::atomic::AtomicUsize; 3]| {
-            [0, 1, 2].map(|i| slots[i].load(SeqCst))
-        };
+        let at =
+            |slots: &[core::sync::atomic::AtomicUsize; 3]| [0, 1, 2].map(|i| slots[i].load(SeqCst));
         let [top, middle, bottom] = at(&logged::HELD);
-        assert!(0 < bottom && bottom < middle && middle < top, "{bottom} {middle} {top}");
+        assert!(
+            0 < bottom && bottom < middle && middle < top,
+            "{bottom} {middle} {top}"
+        );
         assert_eq!(at(&logged::RELEASED), [0, 0, 0]);
         // SAFETY: after `hold`, on this thread; the logged locks hold nothing.
         unsafe { held.release() };
