@@ -35,7 +35,11 @@ pub(crate) const fn class_size(c: usize) -> usize {
 /// [`class_size`] of every class, for paths that look it up with a class only known at run
 /// time: one load instead of a branch and a shift. Padded to 256 entries (zero past the
 /// last class) so that a class read from [`CLASS_BY_UNITS`] (a byte) needs no bounds check.
-pub(crate) static CLASS_SIZES: [u32; 256] = {
+///
+/// A `const` reference rather than a `static`: the table is then emitted in every crate that
+/// inlines a lookup, so the optimiser knows its contents and a class known at compile time
+/// (a `Box<T>`'s) folds to its size; a `static` of this crate is opaque to other crates.
+pub(crate) const CLASS_SIZES: &[u32; 256] = &{
     let mut table = [0u32; 256];
     let mut class = 0;
     while class < CLASS_COUNT {
@@ -61,7 +65,9 @@ pub(crate) const fn class_of(size: usize) -> usize {
 /// The class of every size in 8-byte units: `CLASS_BY_UNITS[(size + 7) / 8]` for sizes up to
 /// [`MAX_SMALL`]. One byte load replaces the branch between the linear and geometric regions
 /// on the allocation fast path.
-pub(crate) static CLASS_BY_UNITS: [u8; MAX_SMALL / 8 + 1] = {
+/// A `const` reference for the reason given at [`CLASS_SIZES`]: with it, the class of a
+/// compile-time layout folds to a constant in the program's own code.
+pub(crate) const CLASS_BY_UNITS: &[u8; MAX_SMALL / 8 + 1] = &{
     let mut table = [0u8; MAX_SMALL / 8 + 1];
     let mut units = 0;
     while units <= MAX_SMALL / 8 {
