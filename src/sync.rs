@@ -6,7 +6,7 @@
 
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Spins this many times before yielding the CPU to other threads.
 const SPINS_BEFORE_YIELD: u32 = 64;
@@ -129,6 +129,60 @@ impl<T> Drop for SpinGuard<'_, T> {
     }
 }
 
+/// A once-per-process initialisation that can fail, allocation-free (unlike `std`'s, which
+/// the allocator cannot rely on from inside an allocation): the first caller runs it, later
+/// ones wait for it to finish and get its answer.
+pub struct OnceFlag {
+    state: AtomicU8,
+}
+
+const ONCE_UNSET: u8 = 0;
+const ONCE_BUSY: u8 = 1;
+const ONCE_DONE: u8 = 2;
+const ONCE_FAILED: u8 = 3;
+
+impl OnceFlag {
+    /// Not yet run.
+    pub const fn new() -> Self {
+        Self {
+            state: AtomicU8::new(ONCE_UNSET),
+        }
+    }
+
+    /// Runs `init` if no caller has yet, and returns what it returned (whether it succeeded).
+    pub fn call(&self, init: impl FnOnce() -> bool) -> bool {
+        loop {
+            match self.state.load(Ordering::Acquire) {
+                ONCE_DONE => return true,
+                ONCE_FAILED => return false,
+                ONCE_UNSET => {
+                    if self
+                        .state
+                        .compare_exchange(
+                            ONCE_UNSET,
+                            ONCE_BUSY,
+                            Ordering::Acquire,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                    {
+                        let ok = init();
+                        let state = if ok { ONCE_DONE } else { ONCE_FAILED };
+                        self.state.store(state, Ordering::Release);
+                        return ok;
+                    }
+                }
+                _ => core::hint::spin_loop(),
+            }
+        }
+    }
+
+    /// Whether the initialisation has run and succeeded.
+    pub fn succeeded(&self) -> bool {
+        self.state.load(Ordering::Acquire) == ONCE_DONE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::SpinLock;
@@ -156,5 +210,33 @@ mod tests {
         assert!(lock.try_lock().is_none());
         drop(guard);
         assert!(lock.try_lock().is_some());
+    }
+
+    #[test]
+    fn miri_once_flag_runs_its_initialisation_once_and_keeps_the_answer() {
+        use super::OnceFlag;
+        use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+        static RUNS: AtomicU32 = AtomicU32::new(0);
+        static FLAG: OnceFlag = OnceFlag::new();
+        assert!(!FLAG.succeeded());
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    assert!(FLAG.call(|| {
+                        RUNS.fetch_add(1, Relaxed);
+                        true
+                    }))
+                });
+            }
+        });
+        assert_eq!(RUNS.load(Relaxed), 1);
+        assert!(FLAG.succeeded());
+        let failed = OnceFlag::new();
+        assert!(!failed.call(|| false));
+        assert!(
+            !failed.call(|| true),
+            "a failed initialisation is not retried"
+        );
+        assert!(!failed.succeeded());
     }
 }

@@ -28,8 +28,8 @@
 
 use super::{registry, thread_cache};
 use crate::records;
-use crate::sync::SpinLock;
-use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::*};
+use crate::sync::{OnceFlag, SpinLock};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 /// How to take and release one allocator's lock around `fork()`; given to
 /// [`Registration::with_fork_lock`](crate::Registration::with_fork_lock).
@@ -68,41 +68,21 @@ pub(crate) fn publish<R>(publish: impl FnOnce() -> R) -> R {
     result
 }
 
-const UNSET: u8 = 0;
-const BUSY: u8 = 1;
-const READY: u8 = 2;
-const FAILED: u8 = 3;
-static INSTALLED: AtomicU8 = AtomicU8::new(UNSET);
+static INSTALLED: OnceFlag = OnceFlag::new();
 
 /// Registers the fork handlers, once per process; returns whether they are in place.
 pub(crate) fn install() -> bool {
-    loop {
-        match INSTALLED.load(Acquire) {
-            READY => return true,
-            FAILED => return false,
-            UNSET => {
-                if INSTALLED
-                    .compare_exchange(UNSET, BUSY, Acquire, Relaxed)
-                    .is_err()
-                {
-                    continue;
-                }
-                // SAFETY: the handlers are plain functions that only take and release locks
-                // (and, in the child, adopt what the lost threads left).
-                let ok =
-                    unsafe { libc::pthread_atfork(Some(prepare), Some(in_parent), Some(in_child)) }
-                        == 0;
-                if !ok {
-                    crate::fatal::write_stderr(
-                        b"tagalloc: pthread_atfork failed; a fork() while other threads allocate may hang the child\n",
-                    );
-                }
-                INSTALLED.store(if ok { READY } else { FAILED }, Release);
-                return ok;
-            }
-            _ => core::hint::spin_loop(),
+    INSTALLED.call(|| {
+        // SAFETY: the handlers are plain functions that only take and release locks (and,
+        // in the child, adopt what the lost threads left).
+        let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(in_parent), Some(in_child)) };
+        if rc != 0 {
+            crate::fatal::write_stderr(
+                b"tagalloc: pthread_atfork failed; a fork() while other threads allocate may hang the child\n",
+            );
         }
-    }
+        rc == 0
+    })
 }
 
 /// What the prepare handler took, for the after-fork handlers (only the forking thread runs
@@ -150,7 +130,7 @@ unsafe fn release_all(child: bool) {
     // SAFETY: each was taken by `prepare`, as its flag says.
     unsafe {
         if HELD_CACHES.load(Relaxed) {
-            thread_cache::after_fork(child);
+            thread_cache::after_fork();
         }
         if HELD_RECORDS.load(Relaxed) {
             records::after_fork(child);

@@ -40,13 +40,11 @@ use crate::schema::HphaSchema;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
 use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
 use crate::stats::ShardSet;
-use crate::sync::{SpinGuard, SpinLock};
+use crate::sync::{OnceFlag, SpinGuard, SpinLock};
 use core::alloc::Layout;
 use core::cell::Cell;
 use core::ptr::{self, NonNull, null_mut};
-use core::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering::*, fence,
-};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*, fence};
 
 /// Marks the branch that calls it as unlikely (`core::hint::cold_path` on newer compilers):
 /// a call to an empty cold function, which inlining removes but whose weight stays.
@@ -1361,37 +1359,21 @@ pub(crate) fn set_purge_delay(delay: config::PurgeDelay) {
 
 // ---- Process hooks: the thread-exit key and fork handlers, set up once. ----
 
-const HOOKS_UNSET: u8 = 0;
-const HOOKS_BUSY: u8 = 1;
-const HOOKS_READY: u8 = 2;
-const HOOKS_FAILED: u8 = 3;
-static HOOKS: AtomicU8 = AtomicU8::new(HOOKS_UNSET);
+static HOOKS: OnceFlag = OnceFlag::new();
 static EXIT_KEY: AtomicU64 = AtomicU64::new(0);
 
 /// Creates the thread-exit key and registers the fork handlers, once per process. Returns
 /// the key, or `None` if the system refused.
 fn process_hooks() -> Option<libc::pthread_key_t> {
-    loop {
-        match HOOKS.load(Acquire) {
-            HOOKS_READY => return Some(EXIT_KEY.load(Relaxed) as libc::pthread_key_t),
-            HOOKS_FAILED => return None,
-            HOOKS_UNSET => {
-                if HOOKS
-                    .compare_exchange(HOOKS_UNSET, HOOKS_BUSY, Acquire, Relaxed)
-                    .is_err()
-                {
-                    continue;
-                }
-                let mut key: libc::pthread_key_t = 0;
-                // SAFETY: `key` is writable; the destructor has the signature pthread wants.
-                let ok = unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0
-                    && super::fork::install();
-                EXIT_KEY.store(key as u64, Relaxed);
-                HOOKS.store(if ok { HOOKS_READY } else { HOOKS_FAILED }, Release);
-            }
-            _ => core::hint::spin_loop(),
-        }
-    }
+    let ready = HOOKS.call(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `key` is writable; the destructor has the signature pthread wants.
+        let ok = unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0
+            && super::fork::install();
+        EXIT_KEY.store(key as u64, Relaxed);
+        ok
+    });
+    ready.then(|| EXIT_KEY.load(Relaxed) as libc::pthread_key_t)
 }
 
 /// The pthread key destructor: runs on an exiting thread after its Rust TLS destructors.
@@ -1404,7 +1386,7 @@ unsafe extern "C" fn on_thread_exit(cache: *mut libc::c_void) {
 
 /// Whether the thread caches are in use (their locks then matter around `fork()`).
 pub(crate) fn fork_hooks_ready() -> bool {
-    HOOKS.load(Acquire) == HOOKS_READY
+    HOOKS.succeeded()
 }
 
 /// Takes the thread list's and the global heap's locks before `fork()` (called by the fork
@@ -1425,7 +1407,7 @@ pub(crate) unsafe fn before_fork() {
 ///
 /// # Safety
 /// Only after `before_fork`, on the thread that called it (or in the child it forked).
-pub(crate) unsafe fn after_fork(_child: bool) {
+pub(crate) unsafe fn after_fork() {
     // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the child).
     unsafe {
         HEAP.large_heap().unlock_all();

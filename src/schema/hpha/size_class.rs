@@ -65,6 +65,7 @@ pub(crate) const fn class_of(size: usize) -> usize {
 /// The class of every size in 8-byte units: `CLASS_BY_UNITS[(size + 7) / 8]` for sizes up to
 /// [`MAX_SMALL`]. One byte load replaces the branch between the linear and geometric regions
 /// on the allocation fast path.
+///
 /// A `const` reference for the reason given at [`CLASS_SIZES`]: with it, the class of a
 /// compile-time layout folds to a constant in the program's own code.
 pub(crate) const CLASS_BY_UNITS: &[u8; MAX_SMALL / 8 + 1] = &{
