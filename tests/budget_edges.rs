@@ -177,6 +177,86 @@ fn a_child_never_hands_out_a_block_it_refused() {
     mode_flips_never_hand_out_a_freed_block(RacedChild);
 }
 
+tagalloc::allocator!(SwappedPool: pool of SystemAllocator
+    { page_size: 65536, min_size: 16, max_size: 256 }, "edges: pool, settings swapped");
+tagalloc::allocator!(SwappedThreadPool: thread_pool of SystemAllocator
+    { page_size: 65536, min_size: 16, max_size: 256 }, "edges: thread pool, settings swapped");
+tagalloc::allocator!(SwappedChild: child of SystemAllocator, "edges: child, settings swapped");
+
+/// Allocates while another thread keeps swapping the budget between settings none of which
+/// refuses the calls (a small Warn budget, none at all in Fail mode, a Fail budget far above
+/// the live bytes): no call is refused. A call reads the limit and the mode together, so it
+/// never pairs the small limit with the Fail mode (the stress test `lane_transitions_global`
+/// once saw that refuse an allocation while no budget was set).
+fn swapped_settings_refuse_nothing<A: BlockAllocator + Allocator>(alloc: A) {
+    let registration = A::registration();
+    registration.budget().set_hook(quiet);
+    let stop = AtomicBool::new(false);
+    let mut refused = 0;
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let settings = [
+                (Some(64), BudgetMode::Warn),
+                (None, BudgetMode::Fail),
+                (Some(64), BudgetMode::Warn),
+                (Some(1 << 40), BudgetMode::Fail),
+            ];
+            for (bytes, mode) in settings.into_iter().cycle() {
+                if stop.load(SeqCst) {
+                    break;
+                }
+                registration.set_budget(bytes, mode);
+            }
+        });
+        let block_layout = layout(32);
+        let mut live = Vec::new();
+        for _ in 0..100_000 {
+            // A refusal is counted, not a panic: the swapping thread must be stopped first.
+            let Ok(block) = alloc.allocate(block_layout) else {
+                refused += 1;
+                continue;
+            };
+            live.push(block.cast::<u8>());
+            if live.len() > 16 {
+                for ptr in live.drain(..) {
+                    // SAFETY: each allocated once with `block_layout`, freed once.
+                    unsafe { alloc.deallocate(ptr, block_layout) };
+                }
+            }
+        }
+        stop.store(true, SeqCst);
+        for ptr in live.drain(..) {
+            // SAFETY: as above.
+            unsafe { alloc.deallocate(ptr, block_layout) };
+        }
+    });
+    registration.set_budget(None, BudgetMode::Warn);
+    let stats = registration.stats();
+    assert_eq!(
+        refused,
+        0,
+        "{}: calls refused; {stats:?}",
+        registration.name()
+    );
+    assert_eq!(stats.budget_failures, 0, "{stats:?}");
+    assert_eq!(stats.live_blocks, 0, "{stats:?}");
+}
+
+#[test]
+fn a_pool_is_never_refused_by_a_budget_being_swapped() {
+    swapped_settings_refuse_nothing(SwappedPool);
+}
+
+#[test]
+fn a_thread_pool_is_never_refused_by_a_budget_being_swapped() {
+    swapped_settings_refuse_nothing(SwappedThreadPool);
+}
+
+#[test]
+fn a_child_is_never_refused_by_a_budget_being_swapped() {
+    swapped_settings_refuse_nothing(SwappedChild);
+}
+
 tagalloc::allocator!(ShrunkPool: pool of SystemAllocator
     { page_size: 65536, min_size: 16, max_size: 256 }, "edges: pool shrink");
 tagalloc::allocator!(ShrunkThreadPool: thread_pool of SystemAllocator

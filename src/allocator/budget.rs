@@ -15,7 +15,7 @@
 
 use crate::fatal::{StackText, write_stderr};
 use core::fmt::Write;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
 /// What happens when an allocation takes an allocator over its budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,34 +73,99 @@ pub fn log_budget_event(event: &BudgetEvent) {
 }
 
 /// One allocator's budget settings: limit, mode and hook; `const`-constructible.
+///
+/// The limit and the mode share one atomic word, so that a call reads both at once (see
+/// [`BudgetSettings`]): read apart, a call racing [`set`](Self::set) could pair the old
+/// limit with the new mode, and be refused by a budget that no longer exists.
 #[derive(Debug)]
 pub struct Budget {
-    /// The ceiling in bytes; `usize::MAX` means no budget.
-    limit: AtomicUsize,
-    fail: AtomicBool,
+    /// The limit in the low bits ([`NO_LIMIT`] when none is set) and [`FAIL`] for the mode.
+    settings: AtomicUsize,
     /// A `BudgetHook` stored as a pointer; null means [`log_budget_event`].
     hook: AtomicPtr<()>,
+}
+
+/// The mode bit of [`Budget::settings`]: set for [`BudgetMode::Fail`].
+const FAIL: usize = 1 << (usize::BITS - 1);
+/// The limit bits of [`Budget::settings`], and their value when no budget is set. A limit
+/// can be at most one less: no process holds that many bytes.
+const NO_LIMIT: usize = !FAIL;
+
+/// One reading of an allocator's budget limit and mode, taken together, so that a decision
+/// (is the call over? is it refused? what does the hook hear?) rests on one setting even
+/// while another thread changes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BudgetSettings(usize);
+
+impl BudgetSettings {
+    /// The budget in bytes, if one is set.
+    pub(crate) fn limit(self) -> Option<usize> {
+        match self.0 & NO_LIMIT {
+            NO_LIMIT => None,
+            n => Some(n),
+        }
+    }
+
+    /// The limit as the hook is told it (`usize::MAX` for none).
+    pub(crate) fn reported_limit(self) -> usize {
+        self.limit().unwrap_or(usize::MAX)
+    }
+
+    /// The mode.
+    pub(crate) fn mode(self) -> BudgetMode {
+        if self.0 & FAIL != 0 {
+            BudgetMode::Fail
+        } else {
+            BudgetMode::Warn
+        }
+    }
+
+    /// Whether a budget is set.
+    #[inline]
+    pub(crate) fn is_set(self) -> bool {
+        self.0 & NO_LIMIT != NO_LIMIT
+    }
+
+    /// Whether `live` bytes exceed the budget (never when none is set).
+    #[inline]
+    pub(crate) fn exceeded_by(self, live: usize) -> bool {
+        self.is_set() && live > self.0 & NO_LIMIT
+    }
+
+    /// Whether a budget is set and refuses the allocations that exceed it.
+    #[inline]
+    pub(crate) fn enforced(self) -> bool {
+        self.is_set() && self.0 & FAIL != 0
+    }
 }
 
 impl Budget {
     /// No budget.
     pub const fn new() -> Self {
         Self {
-            limit: AtomicUsize::new(usize::MAX),
-            fail: AtomicBool::new(false),
+            settings: AtomicUsize::new(NO_LIMIT),
             hook: AtomicPtr::new(core::ptr::null_mut()),
         }
     }
 
-    /// Sets (`Some(bytes)`) or removes (`None`) the budget, and what going over does.
-    /// Through [`Registration::set_budget`](crate::Registration::set_budget), which also
-    /// tells the allocator's counters.
+    /// Sets (`Some(bytes)`) or removes (`None`) the budget, and what going over does; limit
+    /// and mode change together. A limit of `isize::MAX` bytes or more is kept as
+    /// `isize::MAX - 1` (no process can hold more). Through
+    /// [`Registration::set_budget`](crate::Registration::set_budget), which also tells the
+    /// allocator's counters.
     pub(crate) fn set(&self, bytes: Option<usize>, mode: BudgetMode) {
-        self.fail.store(mode == BudgetMode::Fail, Relaxed);
-        self.limit.store(bytes.unwrap_or(usize::MAX), Relaxed);
+        let limit = bytes.map_or(NO_LIMIT, |b| b.min(NO_LIMIT - 1));
+        let fail = if mode == BudgetMode::Fail { FAIL } else { 0 };
+        self.settings.store(limit | fail, Relaxed);
         // A child with a budget (or below one) leaves its thread-cache lane for the path
         // that checks the budget at every call.
         crate::lanes::refresh();
+    }
+
+    /// The limit and mode as they are now, read together.
+    #[inline]
+    pub(crate) fn settings(&self) -> BudgetSettings {
+        BudgetSettings(self.settings.load(Relaxed))
     }
 
     /// Replaces the hook called when the budget is exceeded (the default is
@@ -116,38 +181,18 @@ impl Budget {
 
     /// The budget in bytes, if one is set.
     pub fn limit(&self) -> Option<usize> {
-        match self.limit.load(Relaxed) {
-            usize::MAX => None,
-            n => Some(n),
-        }
+        self.settings().limit()
     }
 
     /// The current mode.
     pub fn mode(&self) -> BudgetMode {
-        if self.fail.load(Relaxed) {
-            BudgetMode::Fail
-        } else {
-            BudgetMode::Warn
-        }
+        self.settings().mode()
     }
 
     /// Whether a budget is set (allocators with one count with exact shared atomics).
     #[inline]
     pub(crate) fn is_set(&self) -> bool {
-        self.limit.load(Relaxed) != usize::MAX
-    }
-
-    /// Whether `live` bytes exceed the budget (the allocation-path check).
-    #[inline]
-    pub(crate) fn exceeded_by(&self, live: usize) -> bool {
-        live > self.limit.load(Relaxed)
-    }
-
-    /// Whether the budget refuses allocations that exceed it and is set at all (callers
-    /// then take the exact, slower path for in-place growth).
-    #[inline]
-    pub(crate) fn enforced(&self) -> bool {
-        self.limit.load(Relaxed) != usize::MAX && self.fail.load(Relaxed)
+        self.settings().is_set()
     }
 
     /// Calls the hook for `event`.
@@ -168,5 +213,43 @@ impl Budget {
 impl Default for Budget {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reading_keeps_the_limit_and_mode_it_was_taken_with() {
+        let budget = Budget::new();
+        assert_eq!((budget.limit(), budget.mode()), (None, BudgetMode::Warn));
+        assert!(!budget.settings().exceeded_by(usize::MAX));
+        budget.set(Some(64), BudgetMode::Warn);
+        let warn = budget.settings();
+        budget.set(None, BudgetMode::Fail);
+        let none = budget.settings();
+        // The first reading is over at 65 bytes but refuses nothing; the second has no limit.
+        assert!(warn.exceeded_by(65) && !warn.exceeded_by(64) && !warn.enforced());
+        assert_eq!((warn.limit(), warn.mode()), (Some(64), BudgetMode::Warn));
+        assert!(!none.exceeded_by(usize::MAX) && !none.enforced() && !none.is_set());
+        assert_eq!((none.limit(), none.mode()), (None, BudgetMode::Fail));
+        assert_eq!(none.reported_limit(), usize::MAX);
+        budget.set(Some(0), BudgetMode::Fail);
+        let zero = budget.settings();
+        assert!(zero.is_set() && zero.enforced() && zero.exceeded_by(1) && !zero.exceeded_by(0));
+    }
+
+    #[test]
+    fn limits_past_isize_max_are_kept_just_below_it() {
+        let budget = Budget::new();
+        for bytes in [isize::MAX as usize - 1, isize::MAX as usize, usize::MAX] {
+            budget.set(Some(bytes), BudgetMode::Fail);
+            assert_eq!(budget.limit(), Some(isize::MAX as usize - 1), "{bytes}");
+            assert_eq!(budget.mode(), BudgetMode::Fail);
+            assert!(budget.settings().enforced());
+        }
+        budget.set(Some(isize::MAX as usize - 2), BudgetMode::Warn);
+        assert_eq!(budget.limit(), Some(isize::MAX as usize - 2));
     }
 }

@@ -33,7 +33,7 @@
 //! path for code kept out of line. Each handle has its own copy of these paths, which know
 //! its registry entry as a constant.
 
-use crate::budget::BudgetEvent;
+use crate::budget::{BudgetEvent, BudgetSettings};
 use crate::lanes;
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
@@ -216,9 +216,8 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
     fn account_exact(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
         let counters = self.counters();
         let live = counters.add_granted(block.size);
-        if self.registration().budget().exceeded_by(live)
-            && !self.over_budget(live, block.size, true)
-        {
+        let settings = self.registration().budget().settings();
+        if settings.exceeded_by(live) && !self.over_budget(settings, live, block.size, true) {
             counters.undo_granted(block.size);
             // SAFETY: the parent just gave us this block for `layout`.
             unsafe { self.parent.deallocate_block(block.ptr, layout) };
@@ -228,19 +227,25 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
         Some(block)
     }
 
-    /// Tells the budget hook about a call that takes the child to `live` bytes; returns
-    /// whether it may go ahead. `refusable`: whether the call can still be refused (not a
-    /// resize already done by the parent); if so, the mode is read here, once, and the
-    /// answer acted on.
+    /// Tells the budget hook about a call that takes the child to `live` bytes, over the
+    /// budget in `settings` (the reading the caller compared `live` with); returns whether
+    /// it may go ahead. `refusable`: whether the call can still be refused (not a resize
+    /// already done by the parent); if so, it is refused in Fail mode.
     #[cold]
     #[inline(never)]
-    fn over_budget(&self, live: usize, request: usize, refusable: bool) -> bool {
+    fn over_budget(
+        &self,
+        settings: BudgetSettings,
+        live: usize,
+        request: usize,
+        refusable: bool,
+    ) -> bool {
         let budget = self.registration().budget();
         let counters = self.counters();
-        let refused = refusable && budget.enforced();
+        let refused = refusable && settings.enforced();
         let event = BudgetEvent {
             allocator: self.registration().name(),
-            budget: budget.limit().unwrap_or(usize::MAX),
+            budget: settings.reported_limit(),
             live_bytes: live,
             request_bytes: request,
             count: counters.record_over_budget(),
@@ -471,15 +476,15 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
     /// (and the hook told).
     #[cold]
     fn refused_up_front(self, layout: Layout) -> bool {
-        let budget = self.registration().budget();
-        if !budget.enforced() {
+        let settings = self.registration().budget().settings();
+        if !settings.enforced() {
             return false;
         }
         let live = self
             .counters()
             .exact_live_granted()
             .saturating_add(layout.size());
-        budget.exceeded_by(live) && !self.over_budget(live, layout.size(), true)
+        settings.exceeded_by(live) && !self.over_budget(settings, live, layout.size(), true)
     }
 
     /// Counts (see [`account`](Self::account)) and records a block the parent just granted.
@@ -810,7 +815,7 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
         new_size: usize,
     ) -> Option<(Allocation, usize)> {
         if new_size > layout.size()
-            && self.registration().budget().enforced()
+            && self.registration().budget().settings().enforced()
             // SAFETY: forwarded from the caller.
             && new_size > unsafe { self.parent.granted_size(ptr, layout) }
         {
@@ -833,11 +838,12 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
             return Some((new, old));
         }
         let live = counters.record_resize(old, new.size, layout.size().min(old), new_size);
-        if new.size > old && self.registration().budget().exceeded_by(live) {
+        let settings = budget.settings();
+        if new.size > old && settings.exceeded_by(live) {
             // Warn mode (Fail mode took the branch above for anything past the granted
             // size, and a resize within it keeps the block): the hook is told, the block
             // kept, whatever the mode is by now.
-            self.over_budget(live, new.size - old, false);
+            self.over_budget(settings, live, new.size - old, false);
         }
         Some((new, old))
     }

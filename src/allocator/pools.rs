@@ -17,7 +17,7 @@
 //! A budget on a pool is checked against the schema's live granted bytes. For a thread
 //! pool that sum walks every thread's heap, so it is only computed while a budget is set.
 
-use crate::budget::BudgetEvent;
+use crate::budget::{BudgetEvent, BudgetSettings};
 use crate::records;
 use crate::registry::Registration;
 use crate::schema::{Allocation, PageParent, PoolConfig, PoolSchema, PoolStats, ThreadPoolSchema};
@@ -76,13 +76,15 @@ impl Resizes {
     }
 }
 
-/// Tells the budget hook about an allocation that takes the pool to `live` bytes, which the
-/// caller has already decided to refuse or not (`refused`: read the mode once, and act on
-/// that same answer). Called with no lock held.
+/// Tells the budget hook about an allocation that takes the pool to `live` bytes, over the
+/// budget in `settings` (the reading `live` was compared with), which the caller has already
+/// decided to refuse or not (`refused`: from the same reading, and acted on). Called with no
+/// lock held.
 #[cold]
 #[inline(never)]
 fn notify_over_budget(
     registration: &'static Registration,
+    settings: BudgetSettings,
     live: usize,
     request: usize,
     refused: bool,
@@ -91,7 +93,7 @@ fn notify_over_budget(
     let counters = registration.counters();
     let event = BudgetEvent {
         allocator: registration.name(),
-        budget: budget.limit().unwrap_or(usize::MAX),
+        budget: settings.reported_limit(),
         live_bytes: live,
         request_bytes: request,
         count: counters.record_over_budget(),
@@ -168,23 +170,23 @@ impl<P: PageParent + Send> PoolCore<P> {
         check_budget: bool,
     ) -> Option<Allocation> {
         registration.register();
-        let budget = registration.budget();
+        let settings = registration.budget().settings();
         let schema = self.schema.lock();
         // `None` from `block_size`: out of the pool's range, which the schema refuses below.
         if check_budget
-            && budget.limit().is_some()
+            && settings.is_set()
             && let Some(granted) = schema.config().block_size(layout)
-            && budget.exceeded_by(schema.granted_bytes() + granted)
+            && settings.exceeded_by(schema.granted_bytes() + granted)
         {
             let live = schema.granted_bytes() + granted;
-            let refused = budget.enforced();
+            let refused = settings.enforced();
             let block = if refused {
                 None
             } else {
                 Some(schema.allocate(layout)?)
             };
             drop(schema);
-            notify_over_budget(registration, live, granted, refused);
+            notify_over_budget(registration, settings, live, granted, refused);
             return block.map(|block| if zeroed { zero(block) } else { block });
         }
         let block = schema.allocate(layout)?;
@@ -330,7 +332,7 @@ impl<P: PageParent> ThreadPoolCore<P> {
         check_budget: bool,
     ) -> Option<Allocation> {
         registration.register();
-        if check_budget && registration.budget().limit().is_some() {
+        if check_budget && registration.budget().is_set() {
             return self.allocate_budgeted(registration, layout, zeroed);
         }
         let block = self.schema.allocate(layout)?;
@@ -354,25 +356,25 @@ impl<P: PageParent> ThreadPoolCore<P> {
         layout: Layout,
         zeroed: bool,
     ) -> Option<Allocation> {
-        let budget = registration.budget();
+        let settings = registration.budget().settings();
         // `None`: out of the pool's range, which the schema refuses (with its message).
         let Some(granted) = self.schema.config().block_size(layout) else {
             return self.schema.allocate(layout);
         };
         let live = self.schema.granted_bytes() + granted;
-        let over = budget.exceeded_by(live);
-        if over && budget.enforced() {
-            notify_over_budget(registration, live, granted, true);
+        let over = settings.exceeded_by(live);
+        if over && settings.enforced() {
+            notify_over_budget(registration, settings, live, granted, true);
             return None;
         }
         let block = self.schema.allocate(layout)?;
         if over {
-            notify_over_budget(registration, live, granted, false);
+            notify_over_budget(registration, settings, live, granted, false);
         } else {
             let live = self.schema.granted_bytes();
-            if budget.exceeded_by(live) {
-                let refused = budget.enforced();
-                notify_over_budget(registration, live, granted, refused);
+            if settings.exceeded_by(live) {
+                let refused = settings.enforced();
+                notify_over_budget(registration, settings, live, granted, refused);
                 if refused {
                     // SAFETY: just allocated with `layout`, handed to no one.
                     unsafe { self.schema.deallocate(block.ptr, layout) };

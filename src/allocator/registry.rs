@@ -356,6 +356,10 @@ impl Registration {
     /// Sets (`Some(bytes)`) or removes (`None`) a budget on live granted bytes, and what
     /// going over does. Only allocators that count their own blocks (children, pools)
     /// enforce budgets; on the OS and System entries a budget has no effect.
+    ///
+    /// The limit and the mode change together: a call under way sees the old setting or
+    /// the new one, never one's limit with the other's mode. A limit of `isize::MAX` bytes
+    /// or more is kept as `isize::MAX - 1`.
     pub fn set_budget(&self, bytes: Option<usize>, mode: BudgetMode) {
         self.budget.set(bytes, mode);
         self.counters.set_budgeted(bytes.is_some());
