@@ -257,6 +257,47 @@ fn a_child_is_never_refused_by_a_budget_being_swapped() {
     swapped_settings_refuse_nothing(SwappedChild);
 }
 
+tagalloc::allocator!(ContestedChild: child of SystemAllocator, "edges: child, two setters");
+
+/// Two threads set the budget at once, one a Fail budget of nothing, the other none: once
+/// both are done, calls obey whichever setting came last (the route's budget flag, which
+/// sends calls to the budget check, is never left clear under a budget).
+#[test]
+fn the_last_of_two_racing_budget_settings_is_obeyed() {
+    let registration = ContestedChild::registration();
+    registration.budget().set_hook(quiet);
+    // Past the small classes, so the call takes the general path that the flag guards.
+    let big = layout(64 * 1024);
+    for round in 0..300 {
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for _ in 0..50 {
+                    registration.set_budget(Some(0), BudgetMode::Fail);
+                }
+            });
+            scope.spawn(|| {
+                for _ in 0..50 {
+                    registration.set_budget(None, BudgetMode::Warn);
+                }
+            });
+        });
+        let budget = registration.budget().limit();
+        match ContestedChild.allocate(big) {
+            Ok(block) => {
+                assert_eq!(
+                    budget, None,
+                    "round {round}: allocated under a Fail budget of 0"
+                );
+                // SAFETY: just allocated with `big`.
+                unsafe { ContestedChild.deallocate(block.cast(), big) };
+            }
+            Err(_) => assert_eq!(budget, Some(0), "round {round}: refused with no budget"),
+        }
+    }
+    registration.set_budget(None, BudgetMode::Warn);
+    assert_eq!(registration.stats().live_blocks, 0);
+}
+
 tagalloc::allocator!(ShrunkPool: pool of SystemAllocator
     { page_size: 65536, min_size: 16, max_size: 256 }, "edges: pool shrink");
 tagalloc::allocator!(ShrunkThreadPool: thread_pool of SystemAllocator

@@ -362,7 +362,26 @@ impl Registration {
     /// or more is kept as `isize::MAX - 1`.
     pub fn set_budget(&self, bytes: Option<usize>, mode: BudgetMode) {
         self.budget.set(bytes, mode);
-        self.counters.set_budgeted(bytes.is_some());
+        self.sync_route_flags();
+    }
+
+    /// Brings the route's budget and records flags (see `Counters::plain_slot`) in line with
+    /// the settings as they are now. Threads changing the settings at the same time each
+    /// read the settings again after writing a flag, and write again if they moved: the last
+    /// flag written was then computed from the last settings (every write to the route is
+    /// a read-modify-write, so that write follows the last setter's settings store). Read
+    /// once without the loop, two setters could leave a budget set and the flag clear, and
+    /// calls would skip the budget.
+    fn sync_route_flags(&self) {
+        loop {
+            let budget = self.budget.settings();
+            let records = self.records.word();
+            self.counters.set_budgeted(budget.is_set());
+            self.counters.set_recorded(records != 0);
+            if self.budget.settings() == budget && self.records.word() == records {
+                return;
+            }
+        }
     }
 
     /// The allocator's record settings (what its allocation and free paths test).
@@ -410,7 +429,7 @@ impl Registration {
     /// After this allocator's record settings changed: the `SystemAllocator`'s fast paths
     /// read a per-thread mirror of them, which is rewritten here.
     pub(crate) fn records_changed(&self) {
-        self.counters.set_recorded(self.records.word() != 0);
+        self.sync_route_flags();
         if core::ptr::eq(self, &SYSTEM) {
             crate::thread_cache::system_records_changed();
         } else {

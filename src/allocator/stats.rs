@@ -68,7 +68,7 @@ use crate::lanes;
 use crate::thread_cache;
 use core::sync::atomic::{
     AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 
 /// A consistent-enough copy of one allocator's figures, as plain numbers.
@@ -394,10 +394,12 @@ impl Counters {
 
     fn set_route_flag(&self, flag: u32, on: bool) {
         // Read-modify-writes, so slot claims and the exact switch (also on this word) stay.
+        // AcqRel: a setter's flag write happens after every earlier one's settings store
+        // (see `Registration::sync_route_flags`).
         if on {
-            self.route.fetch_or(flag, Release);
+            self.route.fetch_or(flag, AcqRel);
         } else {
-            self.route.fetch_and(!flag, Release);
+            self.route.fetch_and(!flag, AcqRel);
         }
     }
 
