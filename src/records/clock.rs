@@ -3,7 +3,11 @@
 //! On x86-64 a tick is a time-stamp-counter cycle (`rdtsc`, a few nanoseconds, no system
 //! call); elsewhere it is a nanosecond of `CLOCK_MONOTONIC`. The ratio of ticks to
 //! nanoseconds is measured between the epoch (when records were first turned on) and the
-//! moment a report is written, so no calibration runs on the allocation path.
+//! moment a report is written, so no calibration runs on the allocation path. A measured
+//! ratio is kept and reused until the time since the epoch has doubled: reports written
+//! close together give a record the same time (two measurements differ in their last
+//! digits, which would move a time by a microsecond now and then), and a long run still
+//! gets a ratio measured over at least half its length.
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
@@ -35,6 +39,10 @@ pub(crate) fn monotonic_ns() -> u64 {
 static EPOCH_SET: AtomicBool = AtomicBool::new(false);
 static EPOCH_TICKS: AtomicU64 = AtomicU64::new(0);
 static EPOCH_NS: AtomicU64 = AtomicU64::new(0);
+/// The last measured tick ratio (`f64` bits; 0 before the first), and the span since the
+/// epoch, in nanoseconds, it was measured over.
+static KEPT_NS_PER_TICK: AtomicU64 = AtomicU64::new(0);
+static KEPT_SPAN_NS: AtomicU64 = AtomicU64::new(0);
 
 /// Fixes the epoch (time zero of the records) the first time it is called.
 pub(crate) fn start_epoch() {
@@ -71,8 +79,35 @@ pub(crate) struct TickScale {
 }
 
 impl TickScale {
-    /// Measures the tick rate (reports only).
+    /// The tick rate for a report: the kept one while the time since the epoch is less than
+    /// twice the span it was measured over, else measured again (and kept).
     pub(crate) fn measure() -> Self {
+        start_epoch();
+        let epoch_ticks = EPOCH_TICKS.load(Acquire);
+        let kept = KEPT_NS_PER_TICK.load(Acquire);
+        if kept != 0 {
+            let kept_span = KEPT_SPAN_NS.load(Relaxed);
+            let span = monotonic_ns().saturating_sub(EPOCH_NS.load(Relaxed));
+            if span < kept_span.saturating_mul(2) {
+                return Self {
+                    epoch_ticks,
+                    ns_per_tick: f64::from_bits(kept),
+                    now_ticks: ticks(),
+                };
+            }
+        }
+        let scale = Self::measure_now();
+        // A race with another report keeps either measurement: both are good.
+        KEPT_SPAN_NS.store(
+            (scale.now_ticks.saturating_sub(epoch_ticks) as f64 * scale.ns_per_tick) as u64,
+            Relaxed,
+        );
+        KEPT_NS_PER_TICK.store(scale.ns_per_tick.to_bits(), Release);
+        scale
+    }
+
+    /// Measures the tick rate between the epoch and now.
+    fn measure_now() -> Self {
         start_epoch();
         let epoch_ticks = EPOCH_TICKS.load(Acquire);
         let epoch_ns = EPOCH_NS.load(Relaxed);
@@ -118,5 +153,21 @@ impl TickScale {
     /// The tick count when the scale was measured.
     pub(crate) fn now_ticks(&self) -> u64 {
         self.now_ticks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_close_together_give_a_tick_the_same_time() {
+        let t = ticks();
+        let first = TickScale::measure();
+        let second = TickScale::measure();
+        assert_eq!(first.ns_per_tick.to_bits(), second.ns_per_tick.to_bits());
+        assert_eq!(first.us(t), second.us(t));
+        assert!(second.now_ticks() >= first.now_ticks());
+        assert!(first.ns_per_tick > 0.0);
     }
 }
