@@ -74,9 +74,9 @@ pub fn log_budget_event(event: &BudgetEvent) {
 
 /// One allocator's budget settings: limit, mode and hook; `const`-constructible.
 ///
-/// The limit and the mode share one atomic word, so that a call reads both at once (see
-/// [`BudgetSettings`]): read apart, a call racing [`set`](Self::set) could pair the old
-/// limit with the new mode, and be refused by a budget that no longer exists.
+/// The limit and the mode share one atomic word, so that a call reads both at once: read
+/// apart, a call racing [`Registration::set_budget`](crate::Registration::set_budget) could
+/// pair the old limit with the new mode, and be refused by a budget that no longer exists.
 #[derive(Debug)]
 pub struct Budget {
     /// The limit in the low bits ([`NO_LIMIT`] when none is set) and [`FAIL`] for the mode.
