@@ -106,38 +106,52 @@ tagalloc::allocator!(RacedThreadPool: thread_pool of SystemAllocator
     { page_size: 65536, min_size: 16, max_size: 256 }, "edges: thread pool, mode flipping");
 tagalloc::allocator!(RacedChild: child of SystemAllocator, "edges: child, mode flipping");
 
-/// Allocates over a budget whose mode another thread keeps flipping between Warn and Fail:
-/// every block handed out is a distinct live block (a refusal never frees a block that is
-/// then handed out), and after the frees nothing is live (nor leaked by a refusal).
-fn mode_flips_never_hand_out_a_freed_block<A: BlockAllocator + Allocator>(alloc: A) {
+/// What [`allocate_while_budget_cycles`] saw.
+struct CycleOutcome {
+    /// Allocations handed out.
+    handed_out: usize,
+    /// Allocations refused.
+    refused: usize,
+    /// Allocations that returned a block already live (handed out and not yet freed).
+    handed_out_twice: usize,
+}
+
+/// Makes `calls` 32-byte allocations through `alloc`, freeing the live ones every 17,
+/// while another thread sets the budget to each of `settings` in turn, round and round;
+/// then frees what is left and removes the budget. Nothing is asserted while the other
+/// thread runs (a panic then would leave it running and hang the test).
+fn allocate_while_budget_cycles<A: BlockAllocator + Allocator>(
+    alloc: A,
+    settings: &[(Option<usize>, BudgetMode)],
+    calls: usize,
+) -> CycleOutcome {
     let registration = A::registration();
     registration.budget().set_hook(quiet);
-    registration.set_budget(Some(64), BudgetMode::Warn);
     let stop = AtomicBool::new(false);
+    let mut outcome = CycleOutcome {
+        handed_out: 0,
+        refused: 0,
+        handed_out_twice: 0,
+    };
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            let mut fail = false;
-            while !stop.load(SeqCst) {
-                fail = !fail;
-                let mode = if fail {
-                    BudgetMode::Fail
-                } else {
-                    BudgetMode::Warn
-                };
-                registration.set_budget(Some(64), mode);
+            for &(bytes, mode) in settings.iter().cycle() {
+                if stop.load(SeqCst) {
+                    break;
+                }
+                registration.set_budget(bytes, mode);
             }
         });
         let block_layout = layout(32);
         let mut live: HashSet<NonNull<u8>> = HashSet::new();
-        let mut handed_out = 0;
-        for _ in 0..50_000 {
-            if let Ok(block) = alloc.allocate(block_layout) {
-                handed_out += 1;
-                assert!(
-                    live.insert(block.cast()),
-                    "{}: a block handed out twice",
-                    registration.name()
-                );
+        for _ in 0..calls {
+            let Ok(block) = alloc.allocate(block_layout) else {
+                outcome.refused += 1;
+                continue;
+            };
+            outcome.handed_out += 1;
+            if !live.insert(block.cast()) {
+                outcome.handed_out_twice += 1;
             }
             if live.len() > 16 {
                 for ptr in live.drain() {
@@ -151,9 +165,26 @@ fn mode_flips_never_hand_out_a_freed_block<A: BlockAllocator + Allocator>(alloc:
             // SAFETY: as above.
             unsafe { alloc.deallocate(ptr, block_layout) };
         }
-        assert!(handed_out > 0);
     });
     registration.set_budget(None, BudgetMode::Warn);
+    outcome
+}
+
+/// Allocates over a budget whose mode another thread keeps flipping between Warn and Fail:
+/// every block handed out is a distinct live block (a refusal never frees a block that is
+/// then handed out), and after the frees nothing is live (nor leaked by a refusal).
+fn mode_flips_never_hand_out_a_freed_block<A: BlockAllocator + Allocator>(alloc: A) {
+    let registration = A::registration();
+    registration.set_budget(Some(64), BudgetMode::Warn);
+    let flips = [(Some(64), BudgetMode::Fail), (Some(64), BudgetMode::Warn)];
+    let outcome = allocate_while_budget_cycles(alloc, &flips, 50_000);
+    assert_eq!(
+        outcome.handed_out_twice,
+        0,
+        "{}: a block handed out twice",
+        registration.name()
+    );
+    assert!(outcome.handed_out > 0);
     let stats = registration.stats();
     assert_eq!(
         (stats.live_blocks, stats.live_granted_bytes),
@@ -190,50 +221,16 @@ tagalloc::allocator!(SwappedChild: child of SystemAllocator, "edges: child, sett
 /// once saw that refuse an allocation while no budget was set).
 fn swapped_settings_refuse_nothing<A: BlockAllocator + Allocator>(alloc: A) {
     let registration = A::registration();
-    registration.budget().set_hook(quiet);
-    let stop = AtomicBool::new(false);
-    let mut refused = 0;
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            let settings = [
-                (Some(64), BudgetMode::Warn),
-                (None, BudgetMode::Fail),
-                (Some(64), BudgetMode::Warn),
-                (Some(1 << 40), BudgetMode::Fail),
-            ];
-            for (bytes, mode) in settings.into_iter().cycle() {
-                if stop.load(SeqCst) {
-                    break;
-                }
-                registration.set_budget(bytes, mode);
-            }
-        });
-        let block_layout = layout(32);
-        let mut live = Vec::new();
-        for _ in 0..100_000 {
-            // A refusal is counted, not a panic: the swapping thread must be stopped first.
-            let Ok(block) = alloc.allocate(block_layout) else {
-                refused += 1;
-                continue;
-            };
-            live.push(block.cast::<u8>());
-            if live.len() > 16 {
-                for ptr in live.drain(..) {
-                    // SAFETY: each allocated once with `block_layout`, freed once.
-                    unsafe { alloc.deallocate(ptr, block_layout) };
-                }
-            }
-        }
-        stop.store(true, SeqCst);
-        for ptr in live.drain(..) {
-            // SAFETY: as above.
-            unsafe { alloc.deallocate(ptr, block_layout) };
-        }
-    });
-    registration.set_budget(None, BudgetMode::Warn);
+    let settings = [
+        (Some(64), BudgetMode::Warn),
+        (None, BudgetMode::Fail),
+        (Some(64), BudgetMode::Warn),
+        (Some(1 << 40), BudgetMode::Fail),
+    ];
+    let outcome = allocate_while_budget_cycles(alloc, &settings, 100_000);
     let stats = registration.stats();
     assert_eq!(
-        refused,
+        outcome.refused,
         0,
         "{}: calls refused; {stats:?}",
         registration.name()

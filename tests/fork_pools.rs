@@ -1,8 +1,9 @@
 //! `fork()` while other threads are inside pool and thread-pool allocators (including a
 //! pool whose pages come from another pool, one whose pages come from a recorded child,
-//! and a thread pool's shared lock taken by garbage collection): every child must be able to use each of them, read the report and
-//! exit. A pool lock held at the fork by a thread the child does not have would hang the
-//! child, so each child gets a deadline and a hung one fails the test.
+//! and a thread pool's shared lock taken by garbage collection): every child must be able
+//! to use each of them, read the report and exit. A pool lock held at the fork by a thread
+//! the child does not have would hang the child, so each child gets a deadline and a hung
+//! one fails the test.
 
 use allocator_api2::vec::Vec as AVec;
 use std::sync::Arc;

@@ -170,15 +170,15 @@ impl<P: PageParent + Send> PoolCore<P> {
         check_budget: bool,
     ) -> Option<Allocation> {
         registration.register();
-        let settings = registration.budget().settings();
         let schema = self.schema.lock();
         // `None` from `block_size`: out of the pool's range, which the schema refuses below.
         if check_budget
+            && let settings = registration.budget().settings()
             && settings.is_set()
             && let Some(granted) = schema.config().block_size(layout)
-            && settings.exceeded_by(schema.granted_bytes() + granted)
+            && let live = schema.granted_bytes() + granted
+            && settings.exceeded_by(live)
         {
-            let live = schema.granted_bytes() + granted;
             let refused = settings.enforced();
             let block = if refused {
                 None

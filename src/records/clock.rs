@@ -39,10 +39,10 @@ pub(crate) fn monotonic_ns() -> u64 {
 static EPOCH_SET: AtomicBool = AtomicBool::new(false);
 static EPOCH_TICKS: AtomicU64 = AtomicU64::new(0);
 static EPOCH_NS: AtomicU64 = AtomicU64::new(0);
-/// The last measured tick ratio (`f64` bits; 0 before the first), and the span since the
-/// epoch, in nanoseconds, it was measured over.
+/// The last measured tick ratio (`f64` bits), and the tick count it was measured at (0
+/// before the first measurement).
 static KEPT_NS_PER_TICK: AtomicU64 = AtomicU64::new(0);
-static KEPT_SPAN_NS: AtomicU64 = AtomicU64::new(0);
+static KEPT_AT_TICKS: AtomicU64 = AtomicU64::new(0);
 
 /// Fixes the epoch (time zero of the records) the first time it is called.
 pub(crate) fn start_epoch() {
@@ -84,32 +84,26 @@ impl TickScale {
     pub(crate) fn measure() -> Self {
         start_epoch();
         let epoch_ticks = EPOCH_TICKS.load(Acquire);
-        let kept = KEPT_NS_PER_TICK.load(Acquire);
-        if kept != 0 {
-            let kept_span = KEPT_SPAN_NS.load(Relaxed);
-            let span = monotonic_ns().saturating_sub(EPOCH_NS.load(Relaxed));
-            if span < kept_span.saturating_mul(2) {
-                return Self {
-                    epoch_ticks,
-                    ns_per_tick: f64::from_bits(kept),
-                    now_ticks: ticks(),
-                };
-            }
+        let now_ticks = ticks();
+        // Acquire: the ratio stored before the tick count is at least as new.
+        let kept_at = KEPT_AT_TICKS.load(Acquire);
+        let kept_span = kept_at.saturating_sub(epoch_ticks);
+        if kept_at != 0 && now_ticks.saturating_sub(epoch_ticks) < kept_span.saturating_mul(2) {
+            return Self {
+                epoch_ticks,
+                ns_per_tick: f64::from_bits(KEPT_NS_PER_TICK.load(Relaxed)),
+                now_ticks,
+            };
         }
-        let scale = Self::measure_now();
+        let scale = Self::measure_since(epoch_ticks);
         // A race with another report keeps either measurement: both are good.
-        KEPT_SPAN_NS.store(
-            (scale.now_ticks.saturating_sub(epoch_ticks) as f64 * scale.ns_per_tick) as u64,
-            Relaxed,
-        );
-        KEPT_NS_PER_TICK.store(scale.ns_per_tick.to_bits(), Release);
+        KEPT_NS_PER_TICK.store(scale.ns_per_tick.to_bits(), Relaxed);
+        KEPT_AT_TICKS.store(scale.now_ticks, Release);
         scale
     }
 
-    /// Measures the tick rate between the epoch and now.
-    fn measure_now() -> Self {
-        start_epoch();
-        let epoch_ticks = EPOCH_TICKS.load(Acquire);
+    /// Measures the tick rate between the epoch (at `epoch_ticks`) and now.
+    fn measure_since(epoch_ticks: u64) -> Self {
         let epoch_ns = EPOCH_NS.load(Relaxed);
         if cfg!(not(all(target_arch = "x86_64", not(miri)))) {
             return Self {

@@ -29,6 +29,7 @@ use super::pool::page::{EmptyList, PageHeader, check_owner, marker, owner_of, pa
 use super::pool::{PoolConfig, PoolStats, class_for_free, next_uid, report_refused};
 use super::{Allocation, PageParent};
 use crate::fatal::fatal;
+use crate::stats::non_negative;
 use crate::system::SystemAllocator;
 use core::alloc::Layout;
 use core::ptr::{NonNull, null_mut};
@@ -743,7 +744,6 @@ impl HeapSums {
             sums.requested = sums.requested.wrapping_add(c.requested.load(Relaxed));
         }
         // Mid-flight reads can put a free before its allocation: never report less than 0.
-        let non_negative = |bytes: usize| if (bytes as isize) < 0 { 0 } else { bytes };
         sums.granted = non_negative(sums.granted);
         sums.requested = non_negative(sums.requested);
         sums
