@@ -7,6 +7,8 @@
 //! figures and the counts of allocations, frees and resizes) equal what the model says after
 //! every step (the parent's include the grandchild's).
 
+mod common;
+
 use core::alloc::Layout;
 use core::ptr::NonNull;
 use proptest::prelude::*;
@@ -315,7 +317,7 @@ fn run(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(common::model_cases(64)))]
 
     #[test]
     fn children_match_the_model_across_lane_switches(

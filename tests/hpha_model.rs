@@ -2,6 +2,8 @@
 //! shadow model. No two live blocks overlap, every pointer is aligned, contents survive
 //! realloc, and the statistics equal what the model says.
 
+mod common;
+
 use core::alloc::Layout;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -175,7 +177,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(common::model_cases(96)))]
 
     #[test]
     fn random_sequences_match_the_model(ops in prop::collection::vec(op_strategy(), 1..200)) {

@@ -4,6 +4,8 @@
 //! and the statistics (and the parent's page count) equal what the model says. Sequences run
 //! long enough for the pool's per-class caches of freed blocks to fill and trim.
 
+mod common;
+
 use core::alloc::Layout;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -154,7 +156,7 @@ fn run(cfg: PoolConfig, ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(ProptestConfig::with_cases(common::model_cases(96)))]
 
     #[test]
     fn pool_matches_its_model(cfg in config_strategy(), ops in prop::collection::vec(op_strategy(), 1..600)) {

@@ -5,6 +5,8 @@
 //! equal the model exactly (the peak within its documented bound), no two live blocks
 //! overlap, every pointer is aligned and contents survive until freed.
 
+mod common;
+
 use core::alloc::Layout;
 use core::ptr::NonNull;
 use proptest::prelude::*;
@@ -216,7 +218,7 @@ fn run(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(common::model_cases(48)))]
 
     #[test]
     fn thread_pool_matches_its_model(ops in prop::collection::vec(op_strategy(), 1..200)) {

@@ -34,3 +34,14 @@ pub fn sampled_records_of_size(requested: usize) -> (usize, f64) {
     assert!(ours.iter().all(|r| r.sampled));
     (ours.len(), ours.iter().map(|r| r.weight).sum())
 }
+
+/// How many cases a proptest model test runs: `PROPTEST_CASES` from the environment when set
+/// (the stress script, `stress/run.sh`, raises it), else the test's own `default`, which keeps
+/// the README's test command short. (`ProptestConfig::with_cases` alone would ignore the
+/// variable.)
+pub fn model_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(default)
+}

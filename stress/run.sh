@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Stress runs: what CI's single pass of the tests cannot show. Each stage found real bugs
+# that single runs had passed by luck (see the README's "Stress and sanitizers" section).
+#
+#   bash stress/run.sh                 # every stage (about 40 minutes on 2 cores)
+#   bash stress/run.sh models threads  # some stages
+#
+# Stages:
+#   models    the proptest model tests with many more cases (STRESS_CASES, default 2000)
+#   threads   the multi-threaded tests, release build, STRESS_ROUNDS times (default 15)
+#   fork      fork while other threads allocate, STRESS_FORKS rounds (default 1000)
+#   valgrind  every test binary (and the demo) under valgrind memcheck, if installed
+#   tsan      every test binary and the examples built with ThreadSanitizer (nightly with
+#             rust-src); skips fork, fork_pools (TSan cannot fork a threaded process) and
+#             purge (its RSS checks count TSan's shadow memory)
+#
+# Exits non-zero if any stage failed; failing logs are kept under target/stress/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(models threads fork valgrind tsan)
+logs=target/stress
+mkdir -p "$logs"
+failures=()
+
+note() { printf '== %s\n' "$*"; }
+fail() {
+  failures+=("$1")
+  printf '!! FAILED: %s (log: %s)\n' "$1" "${2:-}"
+}
+
+# The test executables of a `cargo test --no-run` build (extra arguments passed on), one per
+# line, as `name path`.
+test_binaries() {
+  cargo test --release --no-run --message-format=json "$@" 2>/dev/null |
+    grep -o '"executable":"[^"]*"' | sed -E 's/"executable":"(.*)"/\1/' |
+    while read -r path; do
+      name=$(basename "$path" | sed -E 's/-[0-9a-f]{16}$//')
+      echo "$name $path"
+    done
+}
+
+THREAD_TESTS=(global_threads thread_churn child_threads thread_pool_threads records_threads
+  child_lanes lane_transitions lane_transitions_global budget_edges pools shard_slots)
+
+stage_models() {
+  local cases=${STRESS_CASES:-2000}
+  note "models: $cases cases each"
+  for t in hpha_model pool_model thread_pool_model child_model; do
+    local log=$logs/models_$t.log
+    if PROPTEST_CASES=$cases cargo test --release --test "$t" >"$log" 2>&1; then
+      echo "ok   $t"
+    else
+      fail "models $t" "$log"
+    fi
+  done
+}
+
+stage_threads() {
+  local rounds=${STRESS_ROUNDS:-15}
+  note "threads: $rounds rounds of ${#THREAD_TESTS[@]} binaries"
+  local args=()
+  for t in "${THREAD_TESTS[@]}"; do args+=(--test "$t"); done
+  cargo test --release --no-run "${args[@]}" >/dev/null 2>&1 || {
+    fail "threads build"
+    return
+  }
+  for round in $(seq "$rounds"); do
+    for t in "${THREAD_TESTS[@]}"; do
+      local log=$logs/threads_${t}_$round.log
+      if cargo test --release --test "$t" >"$log" 2>&1; then
+        rm -f "$log"
+      else
+        fail "threads $t (round $round)" "$log"
+      fi
+    done
+    echo "round $round done"
+  done
+}
+
+stage_fork() {
+  local rounds=${STRESS_FORKS:-1000}
+  note "fork: $rounds rounds"
+  local log=$logs/fork_pools.log
+  if FORK_POOLS_ROUNDS=$rounds cargo test --release --test fork_pools >"$log" 2>&1 &&
+    cargo test --release --test fork >>"$log" 2>&1; then
+    echo "ok   fork, fork_pools"
+  else
+    fail "fork" "$log"
+  fi
+}
+
+stage_valgrind() {
+  if ! command -v valgrind >/dev/null; then
+    note "valgrind: not installed, skipped"
+    return
+  fi
+  note "valgrind memcheck over every test binary"
+  cargo build --release --example demo >/dev/null 2>&1
+  local list
+  list=$(test_binaries --lib --tests)
+  list+=$'\n'"demo target/release/examples/demo"
+  while read -r name path; do
+    [ -n "$name" ] || continue
+    local log=$logs/valgrind_$name.log
+    if LANE_TRANSITIONS_SECS=2 FORK_POOLS_ROUNDS=30 valgrind -q --error-exitcode=9 \
+      "$path" >"$log" 2>&1; then
+      echo "ok   $name"
+    else
+      fail "valgrind $name" "$log"
+    fi
+  done <<<"$list"
+}
+
+stage_tsan() {
+  local target
+  target=$(rustc +nightly -vV 2>/dev/null | sed -n 's/^host: //p')
+  if [ -z "$target" ] || ! rustup +nightly component list --installed 2>/dev/null | grep -q rust-src; then
+    note "tsan: needs a nightly toolchain with rust-src, skipped"
+    return
+  fi
+  note "tsan: building the tests and examples with ThreadSanitizer ($target)"
+  local dir=target/stress-tsan
+  local build=(cargo +nightly build -Zbuild-std --target "$target" --release)
+  export RUSTFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=$dir
+  if ! "${build[@]}" --tests --examples >"$logs/tsan_build.log" 2>&1; then
+    unset RUSTFLAGS CARGO_TARGET_DIR
+    fail "tsan build" "$logs/tsan_build.log"
+    return
+  fi
+  local list
+  list=$(cargo +nightly test -Zbuild-std --target "$target" --release --no-run \
+    --message-format=json --lib --tests 2>/dev/null |
+    grep -o '"executable":"[^"]*"' | sed -E 's/"executable":"(.*)"/\1/')
+  unset RUSTFLAGS CARGO_TARGET_DIR
+  for e in game demo records; do list+=$'\n'"$dir/$target/release/examples/$e"; done
+  while read -r path; do
+    [ -n "$path" ] || continue
+    local name
+    name=$(basename "$path" | sed -E 's/-[0-9a-f]{16}$//')
+    case $name in fork | fork_pools | purge) continue ;; esac
+    local log=$logs/tsan_$name.log
+    # allocator_may_return_null: some tests ask `System` for impossible sizes on purpose.
+    LANE_TRANSITIONS_SECS=2 TSAN_OPTIONS="halt_on_error=0 allocator_may_return_null=1" \
+      "$path" >"$log" 2>&1
+    local rc=$? races
+    races=$(grep -c 'WARNING: ThreadSanitizer' "$log")
+    if [ "$rc" -eq 0 ] && [ "$races" -eq 0 ]; then
+      echo "ok   $name"
+    else
+      fail "tsan $name (exit $rc, $races reports)" "$log"
+    fi
+  done <<<"$list"
+}
+
+for stage in "${stages[@]}"; do
+  case $stage in
+  models | threads | fork | valgrind | tsan) "stage_$stage" ;;
+  *)
+    echo "unknown stage: $stage" >&2
+    exit 2
+    ;;
+  esac
+done
+
+if [ ${#failures[@]} -eq 0 ]; then
+  note "stress: all stages passed (${stages[*]})"
+else
+  note "stress: ${#failures[@]} failure(s)"
+  printf '   %s\n' "${failures[@]}"
+  exit 1
+fi
