@@ -42,7 +42,8 @@ test_binaries() {
 }
 
 THREAD_TESTS=(global_threads thread_churn child_threads thread_pool_threads records_threads
-  child_lanes lane_transitions lane_transitions_global budget_edges pools shard_slots)
+  child_lanes lane_transitions lane_transitions_global budget_edges pools shard_slots
+  records_buffers records_report)
 
 stage_models() {
   local cases=${STRESS_CASES:-2000}
@@ -156,7 +157,11 @@ stage_tsan() {
 
 for stage in "${stages[@]}"; do
   case $stage in
-  models | threads | fork | valgrind | tsan) "stage_$stage" ;;
+  models | threads | fork | valgrind | tsan)
+    started=$SECONDS
+    "stage_$stage"
+    note "$stage: $((SECONDS - started)) s"
+    ;;
   *)
     echo "unknown stage: $stage" >&2
     exit 2

@@ -4,7 +4,7 @@
 
 use allocator_api2::vec::Vec as AVec;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, mpsc};
 use std::thread;
 use tagalloc::records::{self, RecordTotals};
@@ -29,8 +29,11 @@ fn totals_match(name: &str, stats: tagalloc::AllocatorStats, totals: RecordTotal
 fn cross_thread_frees_and_concurrent_reports_stay_exact() {
     Buffered.set_records(RecordMode::Basic);
     let stop = Arc::new(AtomicBool::new(false));
+    // Snapshots taken so far: producers halfway through wait for the first, so that at
+    // least one is taken under traffic however the threads are scheduled.
+    let taken = Arc::new(AtomicUsize::new(0));
     let reporter = {
-        let stop = Arc::clone(&stop);
+        let (stop, taken) = (Arc::clone(&stop), Arc::clone(&taken));
         thread::spawn(move || {
             let mut snapshots = 0;
             while !stop.load(Relaxed) {
@@ -40,6 +43,7 @@ fn cross_thread_frees_and_concurrent_reports_stay_exact() {
                 assert_eq!(distinct.len(), mine.len(), "a block recorded twice");
                 let _ = records::live_totals(Buffered::registration());
                 snapshots += 1;
+                taken.store(snapshots, Relaxed);
             }
             snapshots
         })
@@ -55,11 +59,16 @@ fn cross_thread_frees_and_concurrent_reports_stay_exact() {
     });
     let producers: Vec<_> = (0..3)
         .map(|t| {
-            let tx = tx.clone();
+            let (tx, taken) = (tx.clone(), Arc::clone(&taken));
             thread::spawn(move || {
                 let mut kept = Vec::new();
                 let mut x = 0x9E37_79B9u64 + t;
                 for i in 0..60_000usize {
+                    if i == 30_000 {
+                        while taken.load(Relaxed) == 0 {
+                            thread::yield_now();
+                        }
+                    }
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;

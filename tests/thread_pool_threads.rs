@@ -139,12 +139,21 @@ fn garbage_collect_is_safe_while_other_threads_allocate_and_free_across() {
     let pool = ThreadPoolSchema::with_config(System, PoolConfig::new(1024, 8, 256).unwrap());
     let shared: Mutex<Vec<Block>> = Mutex::new(Vec::new());
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // Collections done so far. Workers halfway through wait for the first, so that at
+    // least one runs while they hold blocks (on 2 cores the collector thread could
+    // otherwise start only after the workers finished: a stress loop saw it once).
+    let collections = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..WORKERS)
             .map(|t| {
-                let (pool, shared) = (&pool, &shared);
+                let (pool, shared, collections) = (&pool, &shared, &collections);
                 s.spawn(move || {
                     for r in 0..ROUNDS {
+                        if r == ROUNDS / 2 {
+                            while collections.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                                std::thread::yield_now();
+                            }
+                        }
                         let layout = Layout::from_size_align(8 * (1 + (r + t) % 32), 8).unwrap();
                         let batch: Vec<_> = (0..8).map(|_| alloc(pool, layout, 9)).collect();
                         // Swap half with whatever another thread left: cross-thread frees.
@@ -162,6 +171,7 @@ fn garbage_collect_is_safe_while_other_threads_allocate_and_free_across() {
                 pool.garbage_collect();
                 let _ = pool.stats();
                 n += 1;
+                collections.store(n, std::sync::atomic::Ordering::Relaxed);
                 std::thread::yield_now();
             }
             n
