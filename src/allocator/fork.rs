@@ -130,7 +130,7 @@ unsafe fn release_all(child: bool) {
     // SAFETY: each was taken by `prepare`, as its flag says.
     unsafe {
         if HELD_CACHES.load(Relaxed) {
-            thread_cache::after_fork();
+            thread_cache::after_fork(child);
         }
         if HELD_RECORDS.load(Relaxed) {
             records::after_fork(child);

@@ -40,7 +40,7 @@ use crate::schema::HphaSchema;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
 use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
 use crate::stats::ShardSet;
-use crate::sync::{OnceFlag, SpinGuard, SpinLock};
+use crate::sync::{OnceFlag, TicketGuard, TicketLock};
 use core::alloc::Layout;
 use core::cell::Cell;
 use core::ptr::{self, NonNull, null_mut};
@@ -557,7 +557,7 @@ struct ThreadList {
 // thread's TLS goes away.
 unsafe impl Send for ThreadList {}
 
-static THREADS: SpinLock<ThreadList> = SpinLock::new(ThreadList {
+static THREADS: TicketLock<ThreadList> = TicketLock::new(ThreadList {
     head: null_mut(),
     count: 0,
 });
@@ -1272,7 +1272,7 @@ impl ThreadCache {
 }
 
 /// The registry of live threads, locked: while it is held no cache registers or retires.
-pub(crate) struct LockedThreads(SpinGuard<'static, ThreadList>);
+pub(crate) struct LockedThreads(TicketGuard<'static, ThreadList>);
 
 impl LockedThreads {
     /// Calls `f` with the counter shards of every registered thread.
@@ -1403,16 +1403,21 @@ pub(crate) unsafe fn before_fork() {
     }
 }
 
-/// Releases what [`before_fork`] took, in the parent or the child.
+/// Releases what [`before_fork`] took, in the parent or (`child`) the child.
 ///
 /// # Safety
 /// Only after `before_fork`, on the thread that called it (or in the child it forked).
-pub(crate) unsafe fn after_fork() {
-    // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the child).
+pub(crate) unsafe fn after_fork(child: bool) {
+    // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the
+    // child, which has no other thread and so no waiter for the thread list).
     unsafe {
         HEAP.large_heap().unlock_all();
         HEAP.small_heap().unlock_all();
-        THREADS.force_unlock();
+        if child {
+            THREADS.reset_in_child();
+        } else {
+            THREADS.force_unlock();
+        }
     }
 }
 
