@@ -2,11 +2,11 @@
 # Stress runs: what CI's single pass of the tests cannot show. Each stage found real bugs
 # that single runs had passed by luck (see the README's "Stress and sanitizers" section).
 #
-#   bash stress/run.sh                 # every stage (about 40 minutes on 2 cores)
+#   bash stress/run.sh                 # every stage (about 30 minutes on 2 cores)
 #   bash stress/run.sh models threads  # some stages
 #
 # Stages:
-#   models    the proptest model tests with many more cases (STRESS_CASES, default 2000)
+#   models    the proptest model tests with many more cases (STRESS_CASES, default 20000)
 #   threads   the multi-threaded tests, release build, STRESS_ROUNDS times (default 15)
 #   fork      fork while other threads allocate, STRESS_FORKS rounds (default 1000)
 #   valgrind  every test binary (and the demo) under valgrind memcheck, if installed
@@ -14,6 +14,8 @@
 #             rust-src); skips fork, fork_pools (TSan cannot fork a threaded process) and
 #             purge (its RSS checks count TSan's shadow memory)
 #
+# A binary still running after STRESS_TIMEOUT seconds (default 900) under valgrind or TSan
+# counts as failed (exit 124): a stall is a finding too (one was, see the README).
 # Exits non-zero if any stage failed; failing logs are kept under target/stress/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,7 @@ cd "$(dirname "$0")/.."
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(models threads fork valgrind tsan)
 logs=target/stress
+limit=${STRESS_TIMEOUT:-900}
 mkdir -p "$logs"
 failures=()
 
@@ -46,7 +49,7 @@ THREAD_TESTS=(global_threads thread_churn child_threads thread_pool_threads reco
   records_buffers records_report)
 
 stage_models() {
-  local cases=${STRESS_CASES:-2000}
+  local cases=${STRESS_CASES:-20000}
   note "models: $cases cases each"
   for t in hpha_model pool_model thread_pool_model child_model; do
     local log=$logs/models_$t.log
@@ -105,8 +108,8 @@ stage_valgrind() {
   while read -r name path; do
     [ -n "$name" ] || continue
     local log=$logs/valgrind_$name.log
-    if LANE_TRANSITIONS_SECS=2 FORK_POOLS_ROUNDS=30 valgrind -q --error-exitcode=9 \
-      "$path" >"$log" 2>&1; then
+    if LANE_TRANSITIONS_SECS=2 FORK_POOLS_ROUNDS=30 timeout "$limit" \
+      valgrind -q --error-exitcode=9 "$path" >"$log" 2>&1; then
       echo "ok   $name"
     else
       fail "valgrind $name" "$log"
@@ -144,7 +147,7 @@ stage_tsan() {
     local log=$logs/tsan_$name.log
     # allocator_may_return_null: some tests ask `System` for impossible sizes on purpose.
     LANE_TRANSITIONS_SECS=2 TSAN_OPTIONS="halt_on_error=0 allocator_may_return_null=1" \
-      "$path" >"$log" 2>&1
+      timeout "$limit" "$path" >"$log" 2>&1
     local rc=$? races
     races=$(grep -c 'WARNING: ThreadSanitizer' "$log")
     if [ "$rc" -eq 0 ] && [ "$races" -eq 0 ]; then
