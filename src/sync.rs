@@ -1,8 +1,11 @@
-//! A spin lock that never allocates.
+//! Locks that never allocate, and a once-per-process flag.
 //!
 //! Locks on the allocation path must not allocate or park through a structure that
-//! allocates (parking_lot's parking table does; dhat deadlocked on it). This lock spins with
-//! a CPU hint, then yields the time slice with `sched_yield`, which allocates nothing.
+//! allocates (parking_lot's parking table does; dhat deadlocked on it). These locks spin
+//! with a CPU hint, then yield the time slice with `sched_yield`, which allocates nothing.
+//! [`Lock`] holds the value and hands out guards; how it is taken is its [`RawLock`]: a
+//! test-and-set flag ([`SpinLock`]) for the hot locks, tickets ([`TicketLock`]) where
+//! waiters must be served in turn.
 
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
@@ -11,86 +14,171 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 /// Spins this many times before yielding the CPU to other threads.
 const SPINS_BEFORE_YIELD: u32 = 64;
 
-/// A mutual-exclusion lock built on one atomic flag; `const`-constructible and allocation-free.
-pub struct SpinLock<T> {
-    locked: AtomicBool,
+/// Waits until `done` says so: spins with a CPU hint, then (once `spins`, kept by the
+/// caller across waits, reaches [`SPINS_BEFORE_YIELD`]) yields the time slice.
+#[inline]
+fn wait_until(spins: &mut u32, mut done: impl FnMut() -> bool) {
+    while !done() {
+        if *spins < SPINS_BEFORE_YIELD {
+            *spins += 1;
+            core::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// How a [`Lock`] is taken and released, apart from the value it guards.
+///
+/// # Safety
+/// Between a return from `lock` and the matching `unlock`, no other call to `lock` on the
+/// same value may return; `unlock` makes the holder's writes visible to the next holder
+/// (Release, matched by an Acquire in `lock`).
+pub unsafe trait RawLock {
+    /// The lock, free.
+    const UNLOCKED: Self;
+    /// Waits until the caller holds the lock.
+    fn lock(&self);
+    /// Releases the lock (its holder only).
+    fn unlock(&self);
+}
+
+/// A test-and-set flag: cheapest when free, but not fair (see [`Tickets`]).
+pub struct TestAndSet(AtomicBool);
+
+// SAFETY: `lock` returns only after its compare-and-swap turned the flag from false to true
+// (Acquire), and only `unlock` (Release) turns it back.
+unsafe impl RawLock for TestAndSet {
+    const UNLOCKED: Self = Self(AtomicBool::new(false));
+
+    #[inline]
+    fn lock(&self) {
+        if !self.try_take() {
+            self.lock_contended();
+        }
+    }
+
+    #[inline]
+    fn unlock(&self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl TestAndSet {
+    #[inline]
+    fn try_take(&self) -> bool {
+        self.0
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        let mut spins = 0;
+        loop {
+            wait_until(&mut spins, || !self.0.load(Ordering::Relaxed));
+            if self.try_take() {
+                return;
+            }
+        }
+    }
+}
+
+/// Tickets: first come, first served.
+///
+/// With a [`TestAndSet`] flag, a thread that releases and takes the lock again in a loop can
+/// keep it from waiters that only get the CPU now and then (more threads than cores, or
+/// valgrind, which runs one thread at a time): they mostly find it held and yield again. A
+/// stress run under valgrind stalled for over 20 minutes that way on the thread registry,
+/// with one thread setting budgets in a loop. Here each caller takes a ticket and the lock
+/// goes to the tickets in order, so a thread that wants it again queues behind the waiters.
+pub struct Tickets {
+    /// The next ticket to hand out.
+    next: AtomicU32,
+    /// The ticket whose holder may enter; only the holder advances it.
+    serving: AtomicU32,
+}
+
+// SAFETY: each ticket is handed out once (`fetch_add`), `lock` returns only once `serving`
+// (Acquire) equals the caller's ticket, and only the holder's `unlock` (Release) moves
+// `serving` on, by one.
+unsafe impl RawLock for Tickets {
+    const UNLOCKED: Self = Self {
+        next: AtomicU32::new(0),
+        serving: AtomicU32::new(0),
+    };
+
+    #[inline]
+    fn lock(&self) {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        if self.serving.load(Ordering::Acquire) != ticket {
+            self.wait_for(ticket);
+        }
+    }
+
+    #[inline]
+    fn unlock(&self) {
+        let now = self.serving.load(Ordering::Relaxed);
+        self.serving.store(now.wrapping_add(1), Ordering::Release);
+    }
+}
+
+impl Tickets {
+    #[cold]
+    fn wait_for(&self, ticket: u32) {
+        wait_until(&mut 0, || self.serving.load(Ordering::Acquire) == ticket);
+    }
+}
+
+/// A mutual-exclusion lock around a value; `const`-constructible and allocation-free.
+pub struct Lock<R: RawLock, T> {
+    raw: R,
     value: UnsafeCell<T>,
 }
 
-// SAFETY: the flag gives one thread at a time access to `value`, so sharing the lock between
-// threads is sound whenever the value itself may be sent between them.
-unsafe impl<T: Send> Sync for SpinLock<T> {}
-// SAFETY: moving the lock moves the value; sound when the value is `Send`.
-unsafe impl<T: Send> Send for SpinLock<T> {}
+/// The hot locks (heap, pools, records): a test-and-set flag.
+pub type SpinLock<T> = Lock<TestAndSet, T>;
+/// A lock whose waiters are served in turn (the thread registry).
+pub type TicketLock<T> = Lock<Tickets, T>;
 
-impl<T> SpinLock<T> {
+// SAFETY: the raw lock gives one thread at a time access to `value`, so sharing the lock
+// between threads is sound whenever the value itself may be sent between them.
+unsafe impl<R: RawLock + Sync, T: Send> Sync for Lock<R, T> {}
+// SAFETY: moving the lock moves the value; sound when the value is `Send`.
+unsafe impl<R: RawLock + Send, T: Send> Send for Lock<R, T> {}
+
+impl<R: RawLock, T> Lock<R, T> {
     /// A new unlocked lock holding `value`.
     pub const fn new(value: T) -> Self {
         Self {
-            locked: AtomicBool::new(false),
+            raw: R::UNLOCKED,
             value: UnsafeCell::new(value),
         }
     }
 
     /// Takes the lock, spinning (then yielding) while another thread holds it.
     #[inline]
-    pub fn lock(&self) -> SpinGuard<'_, T> {
-        if self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            self.lock_contended();
-        }
-        SpinGuard { lock: self }
-    }
-
-    #[cold]
-    fn lock_contended(&self) {
-        let mut spins = 0u32;
-        loop {
-            while self.locked.load(Ordering::Relaxed) {
-                if spins < SPINS_BEFORE_YIELD {
-                    spins += 1;
-                    core::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-            if self
-                .locked
-                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                return;
-            }
-        }
-    }
-
-    /// Takes the lock if it is free.
-    #[cfg(test)]
-    pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
-        self.locked
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| SpinGuard { lock: self })
+    pub fn lock(&self) -> Guard<'_, R, T> {
+        self.raw.lock();
+        Guard { lock: self }
     }
 
     /// Takes the lock and leaves it held with no guard; used around `fork()`.
     ///
     /// # Safety
-    /// The caller must later call [`SpinLock::force_unlock`] exactly once, from a context
-    /// where no guard of this lock exists.
+    /// The caller must later release it exactly once, with
+    /// [`force_unlock`](Self::force_unlock) (or, for a [`TicketLock`] in a forked child,
+    /// [`reset_in_child`](Lock::reset_in_child)), where no guard of this lock exists.
     pub(crate) unsafe fn lock_raw(&self) {
         core::mem::forget(self.lock());
     }
 
-    /// Releases a lock taken with [`SpinLock::lock_raw`].
+    /// Releases a lock taken with [`lock_raw`](Self::lock_raw).
     ///
     /// # Safety
     /// The lock must be held through `lock_raw`, and no guard of it may exist.
     pub(crate) unsafe fn force_unlock(&self) {
-        self.locked.store(false, Ordering::Release);
+        self.raw.unlock();
     }
 
     /// Direct access through a unique reference (no locking needed).
@@ -99,116 +187,20 @@ impl<T> SpinLock<T> {
     }
 }
 
-/// Holds a [`SpinLock`] until dropped.
-pub struct SpinGuard<'a, T> {
-    lock: &'a SpinLock<T>,
-}
-
-impl<T> Deref for SpinGuard<'_, T> {
-    type Target = T;
-    #[inline]
-    fn deref(&self) -> &T {
-        // SAFETY: the guard exists only while this thread holds the lock, so no other
-        // reference to the value is live.
-        unsafe { &*self.lock.value.get() }
+impl<T> SpinLock<T> {
+    /// Takes the lock if it is free.
+    #[cfg(test)]
+    pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
+        // A strong compare-and-swap: a weak one may fail while the lock is free.
+        self.raw
+            .0
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| Guard { lock: self })
     }
 }
-
-impl<T> DerefMut for SpinGuard<'_, T> {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: as in `deref`; the guard is borrowed mutably, so this is the only reference.
-        unsafe { &mut *self.lock.value.get() }
-    }
-}
-
-impl<T> Drop for SpinGuard<'_, T> {
-    #[inline]
-    fn drop(&mut self) {
-        self.lock.locked.store(false, Ordering::Release);
-    }
-}
-
-/// A first-come-first-served spin lock (a ticket lock), `const`-constructible and
-/// allocation-free, for a lock that one thread may take over and over while others wait.
-///
-/// With [`SpinLock`] a thread that releases and takes the lock again in a loop can keep it
-/// from waiters that only get the CPU now and then (more threads than cores, or valgrind,
-/// which runs one thread at a time): they mostly find it held and yield again. A stress run
-/// under valgrind stalled for over 20 minutes that way on the thread registry, with one
-/// thread setting budgets in a loop. Here each caller takes a ticket and the lock goes to
-/// the tickets in order, so a thread that wants it again queues behind the waiters.
-pub struct TicketLock<T> {
-    /// The next ticket to hand out.
-    next: AtomicU32,
-    /// The ticket whose holder may enter; only the holder advances it.
-    serving: AtomicU32,
-    value: UnsafeCell<T>,
-}
-
-// SAFETY: as for `SpinLock`: one ticket at a time is served, so one thread at a time
-// reaches `value`.
-unsafe impl<T: Send> Sync for TicketLock<T> {}
-// SAFETY: moving the lock moves the value.
-unsafe impl<T: Send> Send for TicketLock<T> {}
 
 impl<T> TicketLock<T> {
-    /// A new unlocked lock holding `value`.
-    pub const fn new(value: T) -> Self {
-        Self {
-            next: AtomicU32::new(0),
-            serving: AtomicU32::new(0),
-            value: UnsafeCell::new(value),
-        }
-    }
-
-    /// Takes a ticket and waits (spinning, then yielding) until it is served.
-    #[inline]
-    pub fn lock(&self) -> TicketGuard<'_, T> {
-        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
-        if self.serving.load(Ordering::Acquire) != ticket {
-            self.wait_for(ticket);
-        }
-        TicketGuard { lock: self }
-    }
-
-    #[cold]
-    fn wait_for(&self, ticket: u32) {
-        let mut spins = 0u32;
-        while self.serving.load(Ordering::Acquire) != ticket {
-            if spins < SPINS_BEFORE_YIELD {
-                spins += 1;
-                core::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-
-    /// Serves the next ticket (the holder only).
-    fn unlock(&self) {
-        let now = self.serving.load(Ordering::Relaxed);
-        self.serving.store(now.wrapping_add(1), Ordering::Release);
-    }
-
-    /// Takes the lock and leaves it held with no guard; used around `fork()`.
-    ///
-    /// # Safety
-    /// The caller must later call [`force_unlock`](Self::force_unlock) (in the parent) or
-    /// [`reset_in_child`](Self::reset_in_child) (in a forked child) exactly once, where no
-    /// guard of this lock exists.
-    pub(crate) unsafe fn lock_raw(&self) {
-        core::mem::forget(self.lock());
-    }
-
-    /// Releases a lock taken with [`lock_raw`](Self::lock_raw): the next ticket is served.
-    ///
-    /// # Safety
-    /// The lock must be held through `lock_raw`, and no guard of it may exist.
-    pub(crate) unsafe fn force_unlock(&self) {
-        self.unlock();
-    }
-
     /// In a child forked while this thread held the lock through
     /// [`lock_raw`](Self::lock_raw): frees it. Tickets other threads took while waiting are
     /// dropped with them (those threads do not exist in the child), so the lock must not
@@ -218,27 +210,34 @@ impl<T> TicketLock<T> {
     /// Only in a forked child (one thread), with the lock held through `lock_raw` and no
     /// guard of it.
     pub(crate) unsafe fn reset_in_child(&self) {
-        self.serving
-            .store(self.next.load(Ordering::Relaxed), Ordering::Release);
+        let tickets = &self.raw;
+        tickets
+            .serving
+            .store(tickets.next.load(Ordering::Relaxed), Ordering::Release);
     }
 }
 
-/// Holds a [`TicketLock`] until dropped.
-pub struct TicketGuard<'a, T> {
-    lock: &'a TicketLock<T>,
+/// Holds a [`Lock`] until dropped.
+pub struct Guard<'a, R: RawLock, T> {
+    lock: &'a Lock<R, T>,
 }
 
-impl<T> Deref for TicketGuard<'_, T> {
+/// A held [`SpinLock`].
+pub type SpinGuard<'a, T> = Guard<'a, TestAndSet, T>;
+/// A held [`TicketLock`].
+pub type TicketGuard<'a, T> = Guard<'a, Tickets, T>;
+
+impl<R: RawLock, T> Deref for Guard<'_, R, T> {
     type Target = T;
     #[inline]
     fn deref(&self) -> &T {
-        // SAFETY: the guard exists only while its ticket is served, so no other reference
-        // to the value is live.
+        // SAFETY: the guard exists only while this thread holds the lock, so no other
+        // reference to the value is live.
         unsafe { &*self.lock.value.get() }
     }
 }
 
-impl<T> DerefMut for TicketGuard<'_, T> {
+impl<R: RawLock, T> DerefMut for Guard<'_, R, T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: as in `deref`; the guard is borrowed mutably, so this is the only reference.
@@ -246,10 +245,10 @@ impl<T> DerefMut for TicketGuard<'_, T> {
     }
 }
 
-impl<T> Drop for TicketGuard<'_, T> {
+impl<R: RawLock, T> Drop for Guard<'_, R, T> {
     #[inline]
     fn drop(&mut self) {
-        self.lock.unlock();
+        self.lock.raw.unlock();
     }
 }
 
@@ -412,7 +411,7 @@ mod tests {
         // SAFETY: released below by `reset_in_child`, with no guard alive.
         unsafe { lock.lock_raw() };
         // Two threads took tickets and waited, then vanished (as in a forked child).
-        lock.next.fetch_add(2, Ordering::Relaxed);
+        lock.raw.next.fetch_add(2, Ordering::Relaxed);
         // SAFETY: held through `lock_raw`; no guard exists.
         unsafe { lock.reset_in_child() };
         assert_eq!(*lock.lock(), 7, "the lock is free again");
