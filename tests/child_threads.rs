@@ -18,6 +18,8 @@ tagalloc::allocator!(Racer: child of SystemAllocator, "first calls race");
 tagalloc::allocator!(RacerChild: child of Racer, "first calls race, grandchild");
 tagalloc::allocator!(Bulky: child of SystemAllocator, "large-only threads");
 tagalloc::allocator!(BulkyChild: child of Bulky, "large-only threads, grandchild");
+tagalloc::allocator!(Staging: child of SystemAllocator, "big staging blocks");
+tagalloc::allocator!(StagingChild: child of Staging, "big staging blocks, grandchild");
 
 const THREADS: usize = 4;
 const PER_THREAD: usize = 2_000;
@@ -254,4 +256,57 @@ fn threads_that_only_allocate_large_blocks_count_exactly() {
     }
     assert_eq!(exact(BulkyChild.stats()), inner_start);
     assert_eq!(exact(Bulky.stats()), outer_start);
+}
+
+#[test]
+fn held_frees_of_big_blocks_neither_inflate_the_peak_nor_lose_a_count() {
+    // A thread frees a big block (more than `PEAK_OVERSHOOT_PER_THREAD`) and holds the
+    // free back, so that its next allocation of such a block cancels it. Meanwhile another
+    // thread's allocation takes the shared live figure, which still counts the freed block,
+    // past the peak: the peak must be settled first, not raised by the freed block.
+    const HELD: usize = 3 << 20;
+    const OTHER: usize = 2 << 20;
+    const { assert!(HELD > Counters::PEAK_OVERSHOOT_PER_THREAD) };
+    let (staging_start, child_start) = (exact(Staging.stats()), exact(StagingChild.stats()));
+    assert_eq!((staging_start.0, child_start.0), (0, 0));
+    let step = &Barrier::new(2);
+    let layout = |size| Layout::from_size_align(size, 64).unwrap();
+    let (held_granted, peak_meanwhile) = std::thread::scope(|s| {
+        let holder = s.spawn(move || {
+            // Ping-pong first (each free held, each allocation cancelling it), then hold.
+            let mut granted = 0;
+            for _ in 0..50 {
+                let b = StagingChild.allocate(layout(HELD)).unwrap();
+                granted = b.len();
+                // SAFETY: just allocated with this layout; freed once.
+                unsafe { StagingChild.deallocate(b.cast(), layout(HELD)) };
+            }
+            step.wait();
+            step.wait();
+            granted
+        });
+        step.wait();
+        let other = StagingChild.allocate(layout(OTHER)).unwrap();
+        let peak = (
+            Staging.stats().peak_granted_bytes.unwrap(),
+            StagingChild.stats().peak_granted_bytes.unwrap(),
+        );
+        // SAFETY: just allocated with this layout; freed once.
+        unsafe { StagingChild.deallocate(other.cast(), layout(OTHER)) };
+        step.wait();
+        (holder.join().unwrap(), peak)
+    });
+    // The true live total never passed one held block (the other block is smaller, and was
+    // allocated after the held one was freed): without settling, the peak would read both.
+    assert!(held_granted >= HELD);
+    assert_eq!(peak_meanwhile, (held_granted, held_granted));
+    for (st, start) in [
+        (Staging.stats(), staging_start),
+        (StagingChild.stats(), child_start),
+    ] {
+        assert_eq!(exact(st), start);
+        assert_eq!(st.allocations, 51);
+        assert_eq!(st.frees, 51);
+        assert_eq!(st.peak_granted_bytes, Some(held_granted));
+    }
 }

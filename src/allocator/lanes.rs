@@ -34,10 +34,10 @@
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::hpha::size_class::CLASS_COUNT;
-use crate::stats::{Counters, ShardSum};
+use crate::stats::{Counters, Registry, ShardSum};
 use crate::thread_cache::{
     self, CHILD_LANES, HOOK_ALLOC, HOOK_CLOSED, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_SAMPLE, LANES,
-    Lane,
+    Lane, ThreadList,
 };
 use core::ptr::{self, null_mut};
 use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
@@ -163,7 +163,8 @@ pub(crate) const PUBLISH_BYTES: usize = Counters::PEAK_TOLERANCE_PER_THREAD;
 /// Publishes every class of `lane` (lane `index` of some thread's cache) with one addition
 /// to the shared live figure of the lane's owner and of each child above it (their peaks
 /// follow). Any thread may call this: each class's mark advances by compare-and-swap.
-pub(crate) fn publish_lane(index: usize, lane: &Lane) {
+/// `registry`: whether the caller holds the thread registry's lock (see [`Registry`]).
+pub(crate) fn publish_lane(index: usize, lane: &Lane, registry: Registry<'_>) {
     let mut bytes = 0usize;
     for class in 0..CLASS_COUNT {
         bytes = bytes.wrapping_add(lane.take_unpublished(class));
@@ -171,7 +172,7 @@ pub(crate) fn publish_lane(index: usize, lane: &Lane) {
     if bytes != 0 {
         if let Some(owner) = owner(index) {
             for r in chain(owner) {
-                r.counters().publish_granted(bytes);
+                r.counters().publish_granted(bytes, registry);
             }
         }
     }
@@ -179,18 +180,21 @@ pub(crate) fn publish_lane(index: usize, lane: &Lane) {
 
 /// Publishes the lanes in `mask` (bit `i`: lane `i`) of every live thread's cache (a budget
 /// needs the exact live figure). Called with the thread registry locked.
-pub(crate) fn publish_all(threads: &thread_cache::LockedThreads, mask: u32) {
-    threads.for_each_lane(mask, publish_lane);
+pub(crate) fn publish_all(threads: &ThreadList, mask: u32) {
+    threads.for_each_lane(mask, |index, lane| {
+        publish_lane(index, lane, Registry::Locked(threads));
+    });
 }
 
 /// Hands the counts of an exiting thread's lane `index` to the shared counters of its owner
 /// and the children above it: granted bytes published, calls and requested bytes absorbed.
-/// The caller zeroes the lane's counts afterwards (under the thread registry's lock).
-pub(crate) fn absorb(index: usize, lane: &Lane) {
+/// The caller zeroes the lane's counts afterwards (under the thread registry's lock, which
+/// gave it `threads`).
+pub(crate) fn absorb(index: usize, lane: &Lane, threads: &ThreadList) {
     let Some(owner) = owner(index) else {
         return;
     };
-    publish_lane(index, lane);
+    publish_lane(index, lane, Registry::Locked(threads));
     let mut sum = ShardSum::default();
     lane.add_to(&mut sum);
     for r in chain(owner) {
@@ -205,7 +209,7 @@ const _: () = assert!(LANES <= 32);
 /// a snapshot adds the shards. Called with the thread registry locked, after the shared
 /// live figure was read: a publication running meanwhile is then missed, never counted
 /// twice.
-pub(crate) fn add_to(threads: &thread_cache::LockedThreads, mask: u32, sum: &mut ShardSum) {
+pub(crate) fn add_to(threads: &ThreadList, mask: u32, sum: &mut ShardSum) {
     threads.for_each_lane(mask, |_, lane| lane.add_to(sum));
 }
 

@@ -56,6 +56,17 @@
 //! total untouched). Every call while a budget is set moves the live figure and the peak
 //! exactly.
 //!
+//! **Big frees.** A thread that frees a single block bigger than 1 MiB holds that free back
+//! too (its shard's hold grows to 1 MiB plus the block), so that staging buffers of several
+//! MiB freed and allocated in turn make no locked operation either. Such a thread counts
+//! itself once among the allocator's *big holders*. While there are any, a publication that
+//! would raise the peak *settles* first: under the thread registry's lock it publishes the
+//! shards holding more than 1 MiB of frees, then raises the peak to the shared figure. So a
+//! freed big block never reaches the peak, and the bounds above stay as they are. The cost
+//! falls on peak raises only, while a big holder lives (a registry lock and a walk over the
+//! threads' shards of this allocator), and on the holder, whose next allocation after a
+//! settle publishes again.
+//!
 //! [`AllocatorStats`] is the plain snapshot the reports read.
 
 mod shard;
@@ -68,7 +79,7 @@ use crate::lanes;
 use crate::thread_cache;
 use core::sync::atomic::{
     AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
-    Ordering::{AcqRel, Acquire, Relaxed, Release},
+    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 
 /// A consistent-enough copy of one allocator's figures, as plain numbers.
@@ -153,6 +164,25 @@ pub struct Counters {
     /// The lanes whose blocks this allocator's figures include (bit `i`: lane `i`): its own
     /// and those of the children below it.
     lanes_below: AtomicU32,
+    /// Live threads whose shard may hold back a free of a block bigger than
+    /// [`HOLD_FREE_BYTES`](shard::HOLD_FREE_BYTES) (see [`Registry`] and the module docs).
+    /// While this is not zero, a publication that would raise the peak first settles those
+    /// holds, so that the peak does not count a big freed block as live.
+    big_holders: AtomicU32,
+}
+
+/// Whether a publication's caller holds the thread registry's lock, which a publication
+/// needs to *settle* the peak: while some thread holds back the free of a big block (see
+/// [`Counters::big_holders`]), the shared live figure counts that block still, so a
+/// publication that would raise the peak first publishes such holds, under the lock.
+#[derive(Clone, Copy)]
+pub(crate) enum Registry<'a> {
+    /// The caller does not hold the lock (a thread counting its own calls): settling takes it.
+    Unlocked,
+    /// The caller holds the lock, which gave it this list.
+    Locked(&'a thread_cache::ThreadList),
+    /// The caller is settling the peak itself and raises it once done.
+    Settling,
 }
 
 /// [`Counters::lane_claim`]: no lane asked for yet.
@@ -239,8 +269,10 @@ impl Counters {
     /// thread holds back frees (so that its next allocation can cancel them) until they
     /// reach this, and while it does, another thread's publication counts them as live
     /// still (a shard's own published allocation takes its held frees with it; a child
-    /// lane's publication on the same thread does not). Allocators with a budget keep an
-    /// exact peak.
+    /// lane's publication on the same thread does not). A thread may hold back more after
+    /// freeing a block bigger than this, but a publication that would raise the peak then
+    /// publishes such holds first (see the module docs), so the bound stays. Allocators
+    /// with a budget keep an exact peak.
     pub const PEAK_OVERSHOOT_PER_THREAD: usize = shard::HOLD_FREE_BYTES;
 
     /// For a child with a lane of the thread caches: how much further than
@@ -264,6 +296,7 @@ impl Counters {
             lane: AtomicUsize::new(0),
             lane_claim: AtomicU8::new(LANE_UNCLAIMED),
             lanes_below: AtomicU32::new(0),
+            big_holders: AtomicU32::new(0),
         }
     }
 
@@ -572,7 +605,7 @@ impl Counters {
                 // SAFETY: `slot < SLOTS`.
                 let shard = unsafe { set.get_unchecked(slot) };
                 if shard.has_unpublished() {
-                    shard.publish(self);
+                    shard.publish(self, Registry::Unlocked);
                 }
             });
         }
@@ -597,23 +630,72 @@ impl Counters {
                 // SAFETY: `slot < SLOTS`.
                 let shard = unsafe { set.get_unchecked(slot) };
                 if shard.has_unpublished() {
-                    shard.publish(self);
+                    shard.publish(self, Registry::Settling);
                 }
             });
+            // Everything is published: the shared figure is the exact live total.
+            self.raise_peak(self.live_granted.load(Acquire));
         }
     }
 
-    /// Adds `delta` (a wrapping signed number) published by a shard to the shared live
-    /// figure, and raises the peak if it grew.
-    pub(crate) fn publish_granted(&self, delta: usize) {
+    /// Adds `delta` (a wrapping signed number) published by a shard or a lane to the shared
+    /// live figure, and raises the peak if it grew. While a thread may hold back the free of
+    /// a big block, a raise settles such holds first (see [`Registry`]).
+    pub(crate) fn publish_granted(&self, delta: usize, registry: Registry<'_>) {
         // Release: a reader that sees the new total also sees the shard's `taken` advanced.
+        // SeqCst, with the load of `big_holders` below: a thread that starts holding big
+        // frees counts itself there (SeqCst) before its hold starts, so either this load
+        // sees it, or the hold started after this publication.
         let live = self
             .live_granted
-            .fetch_add(delta, Release)
+            .fetch_add(delta, SeqCst)
             .wrapping_add(delta);
-        if (delta as isize) > 0 {
-            self.raise_peak(live);
+        if (delta as isize) <= 0 || matches!(registry, Registry::Settling) {
+            return;
         }
+        if self.big_holders.load(SeqCst) == 0 {
+            self.raise_peak(live);
+        } else if (live as isize) > 0 && live > self.peak_granted.load(Relaxed) {
+            self.settle_peak(registry);
+        }
+    }
+
+    /// A publication would raise the peak while a thread may hold back a big free: publishes
+    /// the shards that hold more than [`HOLD_FREE_BYTES`](shard::HOLD_FREE_BYTES) of frees,
+    /// then raises the peak to the shared figure. Out of line; takes the registry's lock
+    /// unless the caller holds it.
+    #[cold]
+    #[inline(never)]
+    fn settle_peak(&self, registry: Registry<'_>) {
+        match registry {
+            Registry::Unlocked => self.settle_peak_in(&thread_cache::lock_threads()),
+            Registry::Locked(threads) => self.settle_peak_in(threads),
+            Registry::Settling => {}
+        }
+    }
+
+    /// [`settle_peak`](Self::settle_peak) with the registry locked.
+    fn settle_peak_in(&self, threads: &thread_cache::ThreadList) {
+        let slot = slot_of(self.route.load(Acquire) & SLOT_MASK);
+        if slot < SLOTS {
+            threads.for_each_shards(|set| {
+                // SAFETY: `slot < SLOTS`.
+                let shard = unsafe { set.get_unchecked(slot) };
+                shard.release_big_hold(self);
+            });
+        }
+        self.raise_peak(self.live_granted.load(Acquire));
+    }
+
+    /// A thread's shard starts holding back frees of big blocks (see `Shard::hold_big`).
+    /// SeqCst: see [`publish_granted`](Self::publish_granted).
+    pub(crate) fn add_big_holder(&self) {
+        self.big_holders.fetch_add(1, SeqCst);
+    }
+
+    /// A big holder's shard retired (its holds published), under the registry's lock.
+    pub(crate) fn remove_big_holder(&self) {
+        self.big_holders.fetch_sub(1, SeqCst);
     }
 
     /// Adds the counts of a retiring thread's shard or lane (already published) to the shared
@@ -1087,12 +1169,77 @@ mod tests {
         // An allocation past the threshold publishes the held frees with it: exact.
         assert!(alloc(c, &NO_BUDGET, 4 * HOLD_FREE_BYTES, 1));
         assert_eq!(shared(c).0, 4 * HOLD_FREE_BYTES);
-        // A free larger than the hold goes to the shared figure by itself.
+        assert_eq!(c.big_holders.load(Relaxed), 0);
+        // A free larger than the hold is held too (the thread becomes a big holder), and
+        // the next allocation of such a block cancels it: no publication either way.
         c.count_free(&NO_BUDGET, 4 * HOLD_FREE_BYTES, 1);
-        assert_eq!(shared(c).0, 0);
+        assert_eq!(shared(c).0, 4 * HOLD_FREE_BYTES, "the big free is held");
+        assert_eq!(c.big_holders.load(Relaxed), 1);
+        for _ in 0..100 {
+            assert!(alloc(c, &NO_BUDGET, 4 * HOLD_FREE_BYTES, 1));
+            c.count_free(&NO_BUDGET, 4 * HOLD_FREE_BYTES, 1);
+        }
+        assert_eq!(
+            shared(c).0,
+            4 * HOLD_FREE_BYTES,
+            "no publication while they cancel"
+        );
         let st = c.snapshot();
         assert_eq!((st.live_granted_bytes, st.live_blocks), (0, 0));
         assert_eq!(st.peak_granted_bytes, Some(4 * HOLD_FREE_BYTES));
+        // A raise of the peak settles the hold first: an allocation bigger than the block
+        // held takes the shared figure past the peak only with the freed block in it.
+        assert!(alloc(c, &NO_BUDGET, 5 * HOLD_FREE_BYTES, 1));
+        assert_eq!(
+            shared(c).0,
+            5 * HOLD_FREE_BYTES,
+            "the hold was cancelled, then published"
+        );
+        assert_eq!(c.peak_granted.load(Relaxed), 5 * HOLD_FREE_BYTES);
+        c.count_free(&NO_BUDGET, 5 * HOLD_FREE_BYTES, 1);
+        assert_eq!(c.snapshot().live_granted_bytes, 0);
+    }
+
+    static BIG_HOLDER: Counters = Counters::new();
+
+    #[test]
+    fn a_peak_raise_settles_another_threads_big_hold() {
+        let c = &BIG_HOLDER;
+        const HELD: usize = 3 * HOLD_FREE_BYTES;
+        const OTHER: usize = 2 * HOLD_FREE_BYTES;
+        let step = &Barrier::new(2);
+        let (peak, shared_after, holders_meanwhile) = std::thread::scope(|s| {
+            let holder = s.spawn(move || {
+                // B: a big block, freed and held back; B stays alive (its shard too) until A
+                // has published.
+                assert!(alloc(c, &NO_BUDGET, HELD, HELD));
+                c.count_free(&NO_BUDGET, HELD, HELD);
+                step.wait();
+                step.wait();
+            });
+            step.wait();
+            let holders = c.big_holders.load(Relaxed);
+            // A: the shared figure still counts B's freed block, so A's publication would
+            // raise the peak to HELD + OTHER; it settles B's hold first.
+            assert!(alloc(c, &NO_BUDGET, OTHER, OTHER));
+            let peak = c.peak_granted.load(Relaxed);
+            let shared_after = shared(c).0;
+            step.wait();
+            // `join` (unlike the end of the scope) waits for B's exit hooks: its shard is
+            // retired.
+            holder.join().unwrap();
+            (peak, shared_after, holders)
+        });
+        assert_eq!(holders_meanwhile, 1);
+        assert_eq!(peak, HELD, "the true peak, not HELD + OTHER");
+        assert_eq!(shared_after, OTHER, "B's hold was published");
+        // B exited: no big holder is left.
+        assert_eq!(c.big_holders.load(Relaxed), 0);
+        let st = c.snapshot();
+        assert_eq!((st.live_granted_bytes, st.live_blocks), (OTHER, 1));
+        assert_eq!(st.peak_granted_bytes, Some(HELD));
+        c.count_free(&NO_BUDGET, OTHER, OTHER);
+        assert_eq!(c.snapshot().live_granted_bytes, 0);
     }
 
     static SPREAD: Counters = Counters::new();
@@ -1154,7 +1301,8 @@ mod tests {
         // still counts B's held free.
         assert!(alloc(c, &NO_BUDGET, BIG, BIG));
         std::thread::scope(|s| {
-            s.spawn(|| c.count_free(&NO_BUDGET, BIG, BIG));
+            // `join` (unlike the end of the scope) waits for B's exit hooks.
+            s.spawn(|| c.count_free(&NO_BUDGET, BIG, BIG)).join().unwrap();
         });
         // (B has exited: its shard was retired, so its free is published.)
         assert_eq!(c.snapshot().peak_granted_bytes, Some(BIG));

@@ -39,7 +39,7 @@ use crate::registry::SYSTEM;
 use crate::schema::HphaSchema;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
 use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
-use crate::stats::ShardSet;
+use crate::stats::{Registry, ShardSet};
 use crate::sync::{OnceFlag, TicketGuard, TicketLock};
 use core::alloc::Layout;
 use core::cell::Cell;
@@ -334,7 +334,7 @@ impl ThreadCache {
     #[cold]
     #[inline(never)]
     fn publish_own_lane(&self, lane: &Lane) {
-        lanes::publish_lane(self.lane_index(lane), lane);
+        lanes::publish_lane(self.lane_index(lane), lane, Registry::Unlocked);
         // SAFETY: called by the owner, on its slow path.
         unsafe { lane.published_all() };
     }
@@ -472,7 +472,7 @@ impl ThreadCache {
         unsafe { self.flush_all() };
         self.state.set(STATE_DEAD);
         for (index, lane) in self.used_lanes().skip(1) {
-            lanes::absorb(index, lane);
+            lanes::absorb(index, lane, list);
         }
         self.move_counts_to_orphans();
         for (_, lane) in self.used_lanes() {
@@ -481,7 +481,7 @@ impl ThreadCache {
             // SAFETY: as above. The counts are zero now and the bins empty.
             unsafe { lane.shut() };
         }
-        self.shards.retire();
+        self.shards.retire(list);
         let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
         // SAFETY: neighbours are registered caches, valid under the registry lock.
         unsafe {
@@ -548,8 +548,9 @@ thread_local! {
     static CACHE: ThreadCache = const { ThreadCache::new() };
 }
 
-/// The registered caches of live threads.
-struct ThreadList {
+/// The registered caches of live threads (reached through [`LockedThreads`], or by a
+/// retiring cache that holds the lock).
+pub(crate) struct ThreadList {
     head: *mut ThreadCache,
     count: usize,
 }
@@ -1274,29 +1275,36 @@ impl ThreadCache {
 /// The registry of live threads, locked: while it is held no cache registers or retires.
 pub(crate) struct LockedThreads(TicketGuard<'static, ThreadList>);
 
-impl LockedThreads {
+impl core::ops::Deref for LockedThreads {
+    type Target = ThreadList;
+
+    fn deref(&self) -> &ThreadList {
+        &self.0
+    }
+}
+
+impl ThreadList {
     /// Calls `f` with the counter shards of every registered thread.
     pub(crate) fn for_each_shards(&self, mut f: impl FnMut(&ShardSet)) {
-        let mut tc = self.0.head;
+        let mut tc = self.head;
         while !tc.is_null() {
-            // SAFETY: registered caches are valid while the registry lock is held.
+            // SAFETY: registered caches are valid while the registry lock is held (a
+            // `&ThreadList` is only reachable under it).
             unsafe {
                 f(&(*tc).shards);
                 tc = (*tc).next.load(Relaxed);
             }
         }
     }
-}
 
-impl LockedThreads {
     /// Calls `f` with each lane in `mask` (bit `i`: lane `i`) of every registered thread.
     pub(crate) fn for_each_lane(&self, mask: u32, mut f: impl FnMut(usize, &Lane)) {
         if mask == 0 {
             return;
         }
-        let mut tc = self.0.head;
+        let mut tc = self.head;
         while !tc.is_null() {
-            // SAFETY: registered caches are valid while the registry lock is held.
+            // SAFETY: as in `for_each_shards`.
             unsafe {
                 for (index, lane) in (*tc).used_lanes() {
                     if mask & (1 << index) != 0 {
@@ -1307,7 +1315,9 @@ impl LockedThreads {
             }
         }
     }
+}
 
+impl LockedThreads {
     /// Writes the child lanes' gates, as `lanes` last computed them, into every registered
     /// thread's cache.
     pub(crate) fn apply_lane_gates(&self) {

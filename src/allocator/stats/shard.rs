@@ -17,12 +17,16 @@
 //! make a publication of other bytes (another thread's, or a child lane's) overshoot, and
 //! holding up to a MiB of them lets the next allocation cancel a freed big block, so a loop
 //! that frees and allocates blocks of up to that size makes no locked operation at all.
+//! A thread that frees one block bigger than that holds it back as well, with a hold grown
+//! to fit it, and counts itself among the allocator's big holders, whose holds a peak raise
+//! publishes first (see `Counters::publish_granted`).
 //! Another thread may also publish
 //! a shard (when an allocator gets a budget and needs its exact live figure); both sides
 //! advance `taken` with a compare-and-swap, so every byte is published exactly once, and the
 //! owner's `granted` keeps a single writer.
 
-use super::Counters;
+use super::{Counters, Registry};
+use crate::thread_cache::ThreadList;
 use core::ptr::null_mut;
 use core::sync::atomic::{
     AtomicPtr, AtomicU64, AtomicUsize,
@@ -116,6 +120,10 @@ pub(crate) struct Shard {
     allocations: AtomicU64,
     frees: AtomicU64,
     reallocations: AtomicU64,
+    /// How far below zero the unpublished part may go before the owner publishes it:
+    /// [`HOLD_FREE_BYTES`], raised by [`hold_big`](Self::hold_big) once the thread frees a
+    /// block bigger than that (owner-written; reset when the thread retires).
+    hold: AtomicUsize,
 }
 
 /// What a reader adds up over the shards of one slot (and over an allocator's lanes).
@@ -139,7 +147,14 @@ impl Shard {
             allocations: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             reallocations: AtomicU64::new(0),
+            hold: AtomicUsize::new(HOLD_FREE_BYTES),
         }
+    }
+
+    /// Whether the unpublished part `unpublished` is below what the shard may hold back.
+    #[inline(always)]
+    fn below_hold(&self, unpublished: isize) -> bool {
+        unpublished < -(self.hold.load(Relaxed) as isize)
     }
 
     /// The unpublished granted bytes, as a signed number.
@@ -177,7 +192,7 @@ impl Shard {
         drop_by(&self.requested, requested);
         tick(&self.frees);
         let g = self.granted.load(Relaxed).wrapping_sub(granted);
-        if self.unpublished_after(g) < -(HOLD_FREE_BYTES as isize) {
+        if self.below_hold(self.unpublished_after(g)) {
             return false;
         }
         self.granted.store(g, Relaxed);
@@ -200,17 +215,56 @@ impl Shard {
     /// shared figure still, so an allocation published beside them would raise the peak above
     /// the truth on this very thread.) Otherwise the total is stored and published as a
     /// whole. Owner only; out of line.
+    ///
+    /// A free of one block bigger than [`HOLD_FREE_BYTES`] is held back too, with a hold
+    /// raised to fit it (see [`hold_big`](Self::hold_big)), so that a thread that frees and
+    /// allocates such blocks in turn makes no locked operation either.
     #[cold]
     #[inline(never)]
     fn publish_crossing(&self, owner: &Counters, g: usize, change: isize) {
+        if change < -(HOLD_FREE_BYTES as isize) {
+            self.hold_big(owner, change.unsigned_abs());
+            if !self.below_hold(self.unpublished_after(g)) {
+                self.granted.store(g, Relaxed);
+                return;
+            }
+        }
         let before = self.unpublished_after(g.wrapping_sub(change as usize));
         let big = change.unsigned_abs() > PUBLISH_BYTES;
         if big && (change < 0 || before >= 0) {
-            owner.publish_granted(change as usize);
+            owner.publish_granted(change as usize, Registry::Unlocked);
             return;
         }
         self.granted.store(g, Relaxed);
-        self.publish(owner);
+        self.publish(owner, Registry::Unlocked);
+    }
+
+    /// Lets the shard hold back, besides the usual [`HOLD_FREE_BYTES`], the free of a block
+    /// of `size` bytes (bigger than that). The first time, the thread counts itself among
+    /// `owner`'s big holders (before the hold starts), so that a publication that would
+    /// raise the peak meanwhile settles the hold first instead of counting the freed block
+    /// as live (see `Counters::publish_granted`). Owner only.
+    fn hold_big(&self, owner: &Counters, size: usize) {
+        let hold = self.hold.load(Relaxed);
+        let wanted = HOLD_FREE_BYTES
+            .saturating_add(size)
+            .min(isize::MAX as usize);
+        if wanted <= hold {
+            return;
+        }
+        if hold == HOLD_FREE_BYTES {
+            owner.add_big_holder();
+        }
+        self.hold.store(wanted, Relaxed);
+    }
+
+    /// Publishes the shard if it holds back more than [`HOLD_FREE_BYTES`] of frees (any
+    /// thread, under the registry's lock: `owner` is settling its peak).
+    pub(crate) fn release_big_hold(&self, owner: &Counters) {
+        let unpublished = self.unpublished_after(self.granted.load(Relaxed));
+        if unpublished < -(HOLD_FREE_BYTES as isize) {
+            self.publish(owner, Registry::Settling);
+        }
     }
 
     /// Counts a resize from `old` to `new` granted and `old_requested` to `new_requested`
@@ -228,8 +282,8 @@ impl Shard {
         bump(&self.requested, new_requested.wrapping_sub(old_requested));
         tick(&self.reallocations);
         let unpublished = self.unpublished_after(g);
-        if unpublished > PUBLISH_BYTES as isize || unpublished < -(HOLD_FREE_BYTES as isize) {
-            self.publish(owner);
+        if unpublished > PUBLISH_BYTES as isize || self.below_hold(unpublished) {
+            self.publish(owner, Registry::Unlocked);
         }
     }
 
@@ -241,10 +295,11 @@ impl Shard {
 
     /// Moves the unpublished granted bytes into `owner`'s shared live figure (and its peak).
     /// Safe from any thread: `taken` advances by compare-and-swap, so each byte is published
-    /// once even if the owner and another thread publish at the same time.
+    /// once even if the owner and another thread publish at the same time. `registry`:
+    /// whether the caller holds the thread registry's lock.
     #[cold]
     #[inline(never)]
-    pub(crate) fn publish(&self, owner: &Counters) {
+    pub(crate) fn publish(&self, owner: &Counters, registry: Registry<'_>) {
         let mut taken = self.taken.load(Acquire);
         loop {
             // Acquire on `taken` makes `granted` at least as new as the value `taken` was
@@ -255,7 +310,7 @@ impl Shard {
                 .compare_exchange_weak(taken, granted, AcqRel, Acquire)
             {
                 Ok(_) => {
-                    owner.publish_granted(granted.wrapping_sub(taken));
+                    owner.publish_granted(granted.wrapping_sub(taken), registry);
                     return;
                 }
                 Err(now) => taken = now,
@@ -283,6 +338,7 @@ impl Shard {
             && self.allocations.load(Relaxed) == 0
             && self.frees.load(Relaxed) == 0
             && self.reallocations.load(Relaxed) == 0
+            && self.hold.load(Relaxed) == HOLD_FREE_BYTES
     }
 }
 
@@ -330,7 +386,8 @@ impl ShardSet {
     /// Must be called under the thread registry's lock, by the owning thread after its last
     /// counted call or on behalf of a thread that no longer exists, so nothing writes the
     /// shards meanwhile and no reader sees the counts twice or not at all.
-    pub(crate) fn retire(&self) {
+    /// `threads`: the locked registry.
+    pub(crate) fn retire(&self, threads: &ThreadList) {
         for (slot, shard) in self.shards.iter().enumerate().take(slots_in_use()) {
             if shard.is_empty() {
                 continue;
@@ -339,7 +396,11 @@ impl ShardSet {
             // SAFETY: a slot is recorded with its owner (a `&'static Counters`) before any
             // thread can count into it, and shards of unclaimed slots stay empty.
             let owner = unsafe { &*owner };
-            shard.publish(owner);
+            shard.publish(owner, Registry::Locked(threads));
+            if shard.hold.load(Relaxed) != HOLD_FREE_BYTES {
+                owner.remove_big_holder();
+                shard.hold.store(HOLD_FREE_BYTES, Relaxed);
+            }
             let mut sum = ShardSum::default();
             shard.add_to(&mut sum);
             owner.absorb(&sum);
