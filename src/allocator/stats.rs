@@ -1302,7 +1302,9 @@ mod tests {
         assert!(alloc(c, &NO_BUDGET, BIG, BIG));
         std::thread::scope(|s| {
             // `join` (unlike the end of the scope) waits for B's exit hooks.
-            s.spawn(|| c.count_free(&NO_BUDGET, BIG, BIG)).join().unwrap();
+            s.spawn(|| c.count_free(&NO_BUDGET, BIG, BIG))
+                .join()
+                .unwrap();
         });
         // (B has exited: its shard was retired, so its free is published.)
         assert_eq!(c.snapshot().peak_granted_bytes, Some(BIG));
