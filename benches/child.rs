@@ -20,6 +20,7 @@
 //! | batch of 64, 1 KiB                    | 99.5   | 101.1 (+1.6 %) | 101.1      |
 //! | opaque, 16 KiB to 1 MiB (general path) | 549   | 606 (+10 %)    | 663        |
 //! | opaque, 2 MiB (general path)          | 549    | 693 (+26 %)    | 836        |
+//! | opaque, 16 KiB to 4 MiB, at dd34dee   | 549    | 608 (+11 %)    | 667        |
 //!
 //! A child's small path is the `SystemAllocator`'s lane code plus one add of the requested
 //! size per call (the one extra instruction per pair above; it is most of the small rows'
@@ -38,8 +39,10 @@
 //! call (its frame is most of what is left); a free counts first, reading the granted size
 //! from the block's header, then jumps to the parent without a frame. A shard publishes to
 //! the shared live figure (for the peak) past +64 KiB of allocations or −1 MiB of frees, so
-//! alternating blocks up to 1 MiB cancel in the shard; a bigger block is published by itself
-//! each call, two locked `fetch_add`s per pair (the 2 MiB row, +5 ns timed).
+//! alternating blocks up to 1 MiB cancel in the shard. Until dd34dee a bigger block was
+//! published by itself each call, two locked `fetch_add`s per pair (the 2 MiB row, +5 ns
+//! timed); now a thread that frees one holds that free back as well (see
+//! `src/allocator/stats.rs`, "Big frees"), so 2 and 4 MiB pairs cost what 16 KiB ones do.
 //!
 //! Timed (medians of 31 interleaved runs of the example at 94ee7f8, system / child): 16 KiB
 //! +4.4 %, 256 KiB +3.4 %, 1 MiB +4.1 %, 2 MiB +15 %, batches of 64 at 16 B +5.8 %;
