@@ -107,10 +107,10 @@ stage_valgrind() {
   list+=$'\n'"demo target/release/examples/demo"
   while read -r name path; do
     [ -n "$name" ] || continue
-    local log=$logs/valgrind_$name.log
+    local log=$logs/valgrind_$name.log started=$SECONDS
     if LANE_TRANSITIONS_SECS=2 FORK_POOLS_ROUNDS=30 timeout "$limit" \
       valgrind -q --error-exitcode=9 "$path" >"$log" 2>&1; then
-      echo "ok   $name"
+      echo "ok   $name ($((SECONDS - started)) s)"
     else
       fail "valgrind $name" "$log"
     fi
@@ -144,14 +144,14 @@ stage_tsan() {
     local name
     name=$(basename "$path" | sed -E 's/-[0-9a-f]{16}$//')
     case $name in fork | fork_pools | purge) continue ;; esac
-    local log=$logs/tsan_$name.log
+    local log=$logs/tsan_$name.log started=$SECONDS
     # allocator_may_return_null: some tests ask `System` for impossible sizes on purpose.
     LANE_TRANSITIONS_SECS=2 TSAN_OPTIONS="halt_on_error=0 allocator_may_return_null=1" \
       timeout "$limit" "$path" >"$log" 2>&1
     local rc=$? races
     races=$(grep -c 'WARNING: ThreadSanitizer' "$log")
     if [ "$rc" -eq 0 ] && [ "$races" -eq 0 ]; then
-      echo "ok   $name"
+      echo "ok   $name ($((SECONDS - started)) s)"
     else
       fail "tsan $name (exit $rc, $races reports)" "$log"
     fi
