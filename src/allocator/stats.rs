@@ -650,7 +650,7 @@ impl Counters {
             .live_granted
             .fetch_add(delta, SeqCst)
             .wrapping_add(delta);
-        if (delta as isize) <= 0 || matches!(registry, Registry::Settling) {
+        if (delta as isize) <= 0 {
             return;
         }
         if self.big_holders.load(SeqCst) == 0 {
@@ -663,7 +663,8 @@ impl Counters {
     /// A publication would raise the peak while a thread may hold back a big free: publishes
     /// the shards that hold more than [`HOLD_FREE_BYTES`](shard::HOLD_FREE_BYTES) of frees,
     /// then raises the peak to the shared figure. Out of line; takes the registry's lock
-    /// unless the caller holds it.
+    /// unless the caller holds it, and does nothing for a caller that is settling already
+    /// (it raises the peak once done).
     #[cold]
     #[inline(never)]
     fn settle_peak(&self, registry: Registry<'_>) {
