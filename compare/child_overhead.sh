@@ -2,7 +2,10 @@
 # Child allocator overhead over its parent, measured side by side: alloc+free pairs through
 # the SystemAllocator and through a child of it (`examples/child_pairs.rs`), one process per
 # run, the two interleaved round by round so that a noisy neighbour slows both alike.
-# Prints, per case, the median and minimum ns per pair of each and the ratio of the medians.
+# Prints, per case, the median and minimum ns per pair of each and the ratios of the medians:
+# the child's (which also counts requested bytes, a figure the SystemAllocator does not keep)
+# and the lean child's (declared `requested_bytes: false`: every other figure, as the
+# SystemAllocator keeps) over the SystemAllocator's.
 #
 #   bash compare/child_overhead.sh            # 21 rounds
 #   bash compare/child_overhead.sh 31 grandchild   # more rounds; also a child of the child
@@ -18,7 +21,7 @@ cd "$(dirname "$0")/.."
 
 rounds=${1:-21}
 extra=${2:-}
-whos="system child${extra:+ $extra}"
+whos="system child lean${extra:+ $extra}"
 cargo build --quiet --release --example child_pairs
 bin=target/release/examples/child_pairs
 
@@ -41,7 +44,7 @@ minimum() { sort -g | head -1; }
 
 printf '%-8s %8s' mode size
 for w in $whos; do printf ' | %19s' "$w med / min"; done
-printf ' | child/system\n'
+printf ' | child/system | lean/system\n'
 for case in "${cases[@]}"; do
   read -r mode size pairs <<<"$case"
   declare -A runs=()
@@ -59,6 +62,7 @@ for case in "${cases[@]}"; do
     eval "med_$w=$med"
   done
   # shellcheck disable=SC2154 # set by the eval above
-  awk -v c="$med_child" -v s="$med_system" 'BEGIN {printf " | %.3f\n", c / s}'
+  awk -v c="$med_child" -v l="$med_lean" -v s="$med_system" \
+    'BEGIN {printf " | %12.3f | %11.3f\n", c / s, l / s}'
   unset runs
 done

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Instructions per pair = (Ir with N pairs − Ir with 0 pairs) / N. Arguments: `system`,
-//! `child` or `grandchild`; the request size in bytes; the number of pairs; optionally how
+//! `child`, `grandchild` or `lean` (a child declared with `requested_bytes: false`, which
+//! keeps every figure of a child but the requested bytes); the request size in bytes; the number of pairs; optionally how
 //! the layout reaches each call: `hoisted` (the default: one runtime value for the whole
 //! loop, which lets the compiler move the size check and class lookup of the simplest
 //! path, the `SystemAllocator`'s, out of the loop), `opaque` (hidden from the optimiser at
@@ -26,6 +27,10 @@ use tagalloc::{BlockAllocator, SystemAllocator};
 
 tagalloc::allocator!(Tagged: child of SystemAllocator, "child_pairs child");
 tagalloc::allocator!(Nested: child of Tagged, "child_pairs grandchild");
+tagalloc::allocator!(
+    Lean: child of SystemAllocator { requested_bytes: false },
+    "child_pairs child without requested bytes"
+);
 
 /// `pairs` alloc+free pairs of `layout` through `alloc`, touching each block.
 #[inline(never)]
@@ -117,8 +122,7 @@ fn pair<B: BlockAllocator>(alloc: B, layout: Layout) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage =
-        "usage: child_pairs system|child|grandchild SIZE PAIRS [hoisted|opaque|const|batch|random]";
+    let usage = "usage: child_pairs system|child|grandchild|lean SIZE PAIRS [hoisted|opaque|const|batch|random]";
     let (which, size, pairs, mode) = match &args[..] {
         [_, which, size, pairs, rest @ ..] if rest.len() <= 1 => (
             which.as_str(),
@@ -159,6 +163,10 @@ fn main() {
         "grandchild" => {
             warm_up(&|| run(Nested, layout, 1));
             run_mode(Nested, layout, pairs, mode);
+        }
+        "lean" => {
+            warm_up(&|| run(Lean, layout, 1));
+            run_mode(Lean, layout, pairs, mode);
         }
         _ => panic!("{usage}"),
     }

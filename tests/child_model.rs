@@ -6,6 +6,10 @@
 //! contents survive until freed or resized, and the statistics of both allocators (live
 //! figures and the counts of allocations, frees and resizes) equal what the model says after
 //! every step (the parent's include the grandchild's).
+//!
+//! The same model runs a second pair whose grandchild is declared with
+//! `requested_bytes: false`: every figure but the requested bytes must still match, and the
+//! requested bytes must be reported as unknown by the grandchild and by its parent.
 
 mod common;
 
@@ -17,6 +21,11 @@ use tagalloc::{AllocatorStats, BlockAllocator, BudgetMode, RecordMode, SystemAll
 
 tagalloc::allocator!(ModelParent: child of SystemAllocator, "model parent");
 tagalloc::allocator!(ModelKid: child of ModelParent, "model grandchild");
+tagalloc::allocator!(LeanParent: child of SystemAllocator, "model parent of a lean child");
+tagalloc::allocator!(
+    LeanKid: child of LeanParent { requested_bytes: false },
+    "model grandchild without requested bytes"
+);
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -71,7 +80,8 @@ struct Live {
 struct Expect {
     blocks: usize,
     granted: usize,
-    requested: usize,
+    /// `None` where the allocator does not report requested bytes.
+    requested: Option<usize>,
     allocations: u64,
     frees: u64,
     reallocations: u64,
@@ -89,7 +99,9 @@ fn figures(st: &AllocatorStats, start: &AllocatorStats) -> Expect {
     Expect {
         blocks: st.live_blocks - start.live_blocks,
         granted: st.live_granted_bytes - start.live_granted_bytes,
-        requested: st.live_requested_bytes.unwrap() - start.live_requested_bytes.unwrap(),
+        requested: st
+            .live_requested_bytes
+            .map(|now| now - start.live_requested_bytes.unwrap()),
         allocations: st.allocations - start.allocations,
         frees: st.frees - start.frees,
         reallocations: st.reallocations - start.reallocations,
@@ -114,11 +126,14 @@ fn check(ptr: NonNull<u8>, len: usize, seed: u8) {
     }
 }
 
-fn allocate(kid: bool, layout: Layout) -> tagalloc::schema::Allocation {
+fn allocate<P: BlockAllocator, K: BlockAllocator>(
+    kid: bool,
+    layout: Layout,
+) -> tagalloc::schema::Allocation {
     let block = if kid {
-        ModelKid.allocate_block(layout)
+        K::INSTANCE.allocate_block(layout)
     } else {
-        ModelParent.allocate_block(layout)
+        P::INSTANCE.allocate_block(layout)
     };
     block.expect("out of memory")
 }
@@ -127,13 +142,17 @@ fn allocate(kid: bool, layout: Layout) -> tagalloc::schema::Allocation {
 ///
 /// # Safety
 /// `ptr` is a live block of the chosen allocator with `layout`.
-unsafe fn free(kid: bool, ptr: NonNull<u8>, layout: Layout) -> usize {
+unsafe fn free<P: BlockAllocator, K: BlockAllocator>(
+    kid: bool,
+    ptr: NonNull<u8>,
+    layout: Layout,
+) -> usize {
     // SAFETY: forwarded from the caller.
     unsafe {
         if kid {
-            ModelKid.deallocate_block(ptr, layout)
+            K::INSTANCE.deallocate_block(ptr, layout)
         } else {
-            ModelParent.deallocate_block(ptr, layout)
+            P::INSTANCE.deallocate_block(ptr, layout)
         }
     }
 }
@@ -143,24 +162,27 @@ fn lanes_expected() -> bool {
     std::env::var("TAGALLOC_THREAD_POINTER").map_or(true, |v| v != "off")
 }
 
-fn run(ops: Vec<Op>) {
+/// The model through parent `P` and its child `K`; `requested`: whether `K` keeps
+/// requested bytes (if not, neither figure reports them).
+fn run<P: BlockAllocator, K: BlockAllocator>(ops: Vec<Op>, requested: bool) {
+    // One model at a time: both turn the `SystemAllocator`'s sampling on and off, and the
+    // check for stale records at the end looks at the whole process.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     // One small allocation through each asks for its lane (which the budgets then switch).
     let layout = Layout::from_size_align(32, 8).unwrap();
     for kid in [false, true] {
-        let block = allocate(kid, layout);
+        let block = allocate::<P, K>(kid, layout);
         // SAFETY: just allocated with `layout`.
-        unsafe { free(kid, block.ptr, layout) };
+        unsafe { free::<P, K>(kid, block.ptr, layout) };
     }
-    assert_eq!(
-        ModelParent::registration().has_thread_cache_lane(),
-        lanes_expected()
-    );
-    assert_eq!(
-        ModelKid::registration().has_thread_cache_lane(),
-        lanes_expected()
-    );
-    let parent_start = ModelParent.stats();
-    let kid_start = ModelKid.stats();
+    assert_eq!(P::registration().has_thread_cache_lane(), lanes_expected());
+    assert_eq!(K::registration().has_thread_cache_lane(), lanes_expected());
+    assert_eq!(K::registration().keeps_requested_bytes(), requested);
+    let parent_start = P::registration().stats();
+    let kid_start = K::registration().stats();
     let mut live: BTreeMap<usize, (NonNull<u8>, Live)> = BTreeMap::new();
     let mut seed = 0u8;
     // Calls through the parent itself (index 0) and through the grandchild (index 1).
@@ -173,7 +195,7 @@ fn run(ops: Vec<Op>) {
                 align_log,
             } => {
                 let layout = Layout::from_size_align(size, 1 << align_log).unwrap();
-                let block = allocate(kid, layout);
+                let block = allocate::<P, K>(kid, layout);
                 calls[usize::from(kid)].allocations += 1;
                 let addr = block.ptr.as_ptr() as usize;
                 assert_eq!(addr % layout.align(), 0, "step {step}: alignment");
@@ -211,7 +233,7 @@ fn run(ops: Vec<Op>) {
                 let (ptr, b) = live.remove(&addr).unwrap();
                 check(ptr, b.layout.size(), b.seed);
                 // SAFETY: a live block of that allocator with that layout.
-                let granted = unsafe { free(b.kid, ptr, b.layout) };
+                let granted = unsafe { free::<P, K>(b.kid, ptr, b.layout) };
                 calls[usize::from(b.kid)].frees += 1;
                 assert_eq!(granted, b.granted, "step {step}: granted size at free");
             }
@@ -222,9 +244,9 @@ fn run(ops: Vec<Op>) {
                 // SAFETY: a live block of that allocator with that layout.
                 let (block, old) = unsafe {
                     if b.kid {
-                        ModelKid.reallocate_block(ptr, b.layout, size)
+                        K::INSTANCE.reallocate_block(ptr, b.layout, size)
                     } else {
-                        ModelParent.reallocate_block(ptr, b.layout, size)
+                        P::INSTANCE.reallocate_block(ptr, b.layout, size)
                     }
                 }
                 .expect("out of memory");
@@ -240,9 +262,9 @@ fn run(ops: Vec<Op>) {
             Op::Budget { kid, on } => {
                 let limit = on.then_some(usize::MAX / 4);
                 if kid {
-                    ModelKid.set_budget(limit, BudgetMode::Warn);
+                    K::registration().set_budget(limit, BudgetMode::Warn);
                 } else {
-                    ModelParent.set_budget(limit, BudgetMode::Warn);
+                    P::registration().set_budget(limit, BudgetMode::Warn);
                 }
             }
             Op::SystemSample { on } => {
@@ -258,17 +280,21 @@ fn run(ops: Vec<Op>) {
             }
             Op::Free { .. } | Op::Realloc { .. } => {}
         }
-        let mut kid = Expect::default();
-        let mut all = Expect::default();
+        let known = requested.then_some(0);
+        let mut kid = Expect {
+            requested: known,
+            ..Expect::default()
+        };
+        let mut all = kid;
         for (_, b) in live.values() {
             let e = if b.kid { &mut kid } else { &mut all };
             e.blocks += 1;
             e.granted += b.granted;
-            e.requested += b.layout.size();
+            e.requested = e.requested.map(|r| r + b.layout.size());
         }
         all.blocks += kid.blocks;
         all.granted += kid.granted;
-        all.requested += kid.requested;
+        all.requested = all.requested.zip(kid.requested).map(|(a, k)| a + k);
         let [own, kids] = calls;
         kid.allocations = kids.allocations;
         kid.frees = kids.frees;
@@ -276,7 +302,7 @@ fn run(ops: Vec<Op>) {
         all.allocations = kids.allocations + own.allocations;
         all.frees = kids.frees + own.frees;
         all.reallocations = kids.reallocations + own.reallocations;
-        let (k, p) = (ModelKid.stats(), ModelParent.stats());
+        let (k, p) = (K::registration().stats(), P::registration().stats());
         assert_eq!(
             figures(&k, &kid_start),
             kid,
@@ -296,14 +322,15 @@ fn run(ops: Vec<Op>) {
     for (_, (ptr, b)) in live {
         check(ptr, b.layout.size(), b.seed);
         // SAFETY: a live block of that allocator with that layout.
-        unsafe { free(b.kid, ptr, b.layout) };
+        unsafe { free::<P, K>(b.kid, ptr, b.layout) };
     }
-    ModelKid.set_budget(None, BudgetMode::Warn);
-    ModelParent.set_budget(None, BudgetMode::Warn);
-    let (k, p) = (ModelKid.stats(), ModelParent.stats());
+    K::registration().set_budget(None, BudgetMode::Warn);
+    P::registration().set_budget(None, BudgetMode::Warn);
+    let (k, p) = (K::registration().stats(), P::registration().stats());
     let (k, p) = (figures(&k, &kid_start), figures(&p, &parent_start));
-    assert_eq!((k.blocks, k.granted, k.requested), (0, 0, 0));
-    assert_eq!((p.blocks, p.granted, p.requested), (0, 0, 0));
+    let zero = requested.then_some(0);
+    assert_eq!((k.blocks, k.granted, k.requested), (0, 0, zero));
+    assert_eq!((p.blocks, p.granted, p.requested), (0, 0, zero));
     assert_eq!(k.allocations, k.frees);
     assert_eq!(p.allocations, p.frees);
     // Every block is freed: no sampled record of the `SystemAllocator` may remain (the
@@ -323,6 +350,13 @@ proptest! {
     fn children_match_the_model_across_lane_switches(
         ops in prop::collection::vec(op_strategy(), 1..400)
     ) {
-        run(ops);
+        run::<ModelParent, ModelKid>(ops, true);
+    }
+
+    #[test]
+    fn a_child_without_requested_bytes_matches_the_model_in_every_other_figure(
+        ops in prop::collection::vec(op_strategy(), 1..400)
+    ) {
+        run::<LeanParent, LeanKid>(ops, false);
     }
 }

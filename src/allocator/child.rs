@@ -165,19 +165,27 @@ unsafe impl BlockAllocator for SystemAllocator {
 ///
 /// The handle is a type parameter, not a field, so that each handle's out-of-line paths
 /// know its registry entry as a constant: no register holds it across the parent's call.
+///
+/// `REQUESTED`: whether the child counts the bytes callers request. `false` (declared with
+/// `requested_bytes: false`, whose registry entry must then be
+/// [`with_requested_bytes(false)`](Registration::with_requested_bytes)) drops the two
+/// memory writes that figure costs a small alloc+free pair served from the child's lane;
+/// big blocks still count it, unreported.
 #[derive(Clone, Copy, Debug)]
-pub struct Child<P: BlockAllocator, H: BlockAllocator> {
+pub struct Child<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool = true> {
     parent: P,
     handle: PhantomData<H>,
 }
 
-impl<P: BlockAllocator, H: BlockAllocator> Default for Child<P, H> {
+impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Default
+    for Child<P, H, REQUESTED>
+{
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
+impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, REQUESTED> {
     /// The child logic of `H` (whose registry entry must name `P` as its parent).
     #[inline(always)]
     pub const fn new() -> Self {
@@ -273,7 +281,12 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
             // SAFETY: the lane word is 0 or a lane's offset from the thread pointer (set
             // once by `lanes::claim`); the class comes from the class table.
             let p = unsafe {
-                thread_cache::lane_allocate(self.counters().lane_offset(), class, layout.size())
+                thread_cache::lane_allocate(
+                    self.counters().lane_offset(),
+                    class,
+                    layout.size(),
+                    REQUESTED,
+                )
             };
             if let Some(ptr) = NonNull::new(p) {
                 return Some(Allocation {
@@ -336,7 +349,7 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
     fn allocate_lane_missed(self, layout: Layout, class: usize) -> Option<Allocation> {
         let lane = self.counters().lane_offset();
         // SAFETY: as in `allocate`.
-        match unsafe { thread_cache::lane_allocate_missed(lane, class, layout) } {
+        match unsafe { thread_cache::lane_allocate_missed(lane, class, layout, REQUESTED) } {
             Some(p) => NonNull::new(p).map(|ptr| Allocation {
                 ptr,
                 size: class_size(class),
@@ -527,6 +540,7 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
                     ptr.as_ptr(),
                     class,
                     layout.size(),
+                    REQUESTED,
                 )
             };
             if freed {
@@ -597,7 +611,7 @@ impl<P: BlockAllocator, H: BlockAllocator> Child<P, H> {
         // SAFETY: forwarded from the caller.
         unsafe {
             let lane = self.counters().lane_offset();
-            if thread_cache::lane_free_missed(lane, ptr.as_ptr(), class, layout.size()) {
+            if thread_cache::lane_free_missed(lane, ptr.as_ptr(), class, layout.size(), REQUESTED) {
                 return class_size(class);
             }
             self.deallocate_lane_refused(ptr, layout)

@@ -78,7 +78,7 @@ use crate::budget::Budget;
 use crate::lanes;
 use crate::thread_cache;
 use core::sync::atomic::{
-    AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
+    AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 
@@ -169,6 +169,9 @@ pub struct Counters {
     /// While this is not zero, a publication that would raise the peak first settles those
     /// holds, so that the peak does not count a big freed block as live.
     big_holders: AtomicU32,
+    /// Set once a child below (or this one) that does not count requested bytes is
+    /// registered: the requested figure is then incomplete and not reported.
+    requested_unknown: AtomicBool,
 }
 
 /// Whether a publication's caller holds the thread registry's lock, which a publication
@@ -297,7 +300,14 @@ impl Counters {
             lane_claim: AtomicU8::new(LANE_UNCLAIMED),
             lanes_below: AtomicU32::new(0),
             big_holders: AtomicU32::new(0),
+            requested_unknown: AtomicBool::new(false),
         }
+    }
+
+    /// From now on the requested bytes are not reported: a child that does not count them
+    /// (this allocator or one below it) is in use.
+    pub(crate) fn forget_requested(&self) {
+        self.requested_unknown.store(true, Relaxed);
     }
 
     // ---- Lanes (children of the `SystemAllocator`; see `lanes`) ----
@@ -838,7 +848,8 @@ impl Counters {
         self.raise_peak(live_granted_bytes);
         AllocatorStats {
             live_granted_bytes,
-            live_requested_bytes: Some(non_negative(requested.wrapping_add(sum.requested))),
+            live_requested_bytes: (!self.requested_unknown.load(Relaxed))
+                .then(|| non_negative(requested.wrapping_add(sum.requested))),
             live_blocks: allocations.saturating_sub(frees) as usize,
             allocations,
             frees,

@@ -831,20 +831,26 @@ pub(crate) unsafe fn lane_for_resize(lane: usize) -> Option<&'static Lane> {
 }
 
 /// A child's small allocation from its lane (`lane`: see [`lane_thread_offset`]): pops a
-/// block of `class` and counts `size` requested bytes. Null when the child has no lane, the
-/// bin is empty or the lane is closed: then [`lane_allocate_missed`].
+/// block of `class` and counts `size` requested bytes (if the child keeps them: `requested`,
+/// a constant at every call site). Null when the child has no lane, the bin is empty or the
+/// lane is closed: then [`lane_allocate_missed`].
 ///
 /// # Safety
 /// `lane` is 0 or [`lane_thread_offset`] of an index below [`LANES`]; `class < CLASS_COUNT`.
 #[inline(always)]
-pub(crate) unsafe fn lane_allocate(lane: usize, class: usize, size: usize) -> *mut u8 {
+pub(crate) unsafe fn lane_allocate(
+    lane: usize,
+    class: usize,
+    size: usize,
+    requested: bool,
+) -> *mut u8 {
     // SAFETY: forwarded from the caller.
     unsafe {
         let Some(lane) = lane_of_thread(lane) else {
             return null_mut();
         };
         let p = lane.allocate_open(class);
-        if !p.is_null() {
+        if requested && !p.is_null() {
             lane.add_requested(size);
         }
         p
@@ -867,6 +873,7 @@ pub(crate) unsafe fn lane_allocate_missed(
     lane: usize,
     class: usize,
     layout: Layout,
+    requested: bool,
 ) -> Option<*mut u8> {
     // SAFETY: as in `lane_allocate`; the cache is this thread's and live, and the lane
     // open, so its bins and marks are this thread's to refill.
@@ -874,10 +881,10 @@ pub(crate) unsafe fn lane_allocate_missed(
         let (tc, lane) = lane_and_cache(lane)?;
         if !lane_plain(tc, lane) || lane.slots.get_unchecked(class).open_until.load(Relaxed) != OPEN
         {
-            return lane_allocate_hooked(tc, lane, class, layout);
+            return lane_allocate_hooked(tc, lane, class, layout, requested);
         }
         let p = tc.allocate(lane, class);
-        if !p.is_null() {
+        if requested && !p.is_null() {
             lane.add_requested(layout.size());
         }
         Some(p)
@@ -896,6 +903,7 @@ unsafe fn lane_allocate_hooked(
     lane: &Lane,
     class: usize,
     layout: Layout,
+    requested: bool,
 ) -> Option<*mut u8> {
     if !lane_usable(tc, lane) {
         return None;
@@ -910,7 +918,9 @@ unsafe fn lane_allocate_hooked(
         };
         let p = tc.allocate(lane, class);
         if let Some(ptr) = NonNull::new(p) {
-            lane.add_requested(layout.size());
+            if requested {
+                lane.add_requested(layout.size());
+            }
             if let Some(interval) = sampled {
                 records::record_sampled(&SYSTEM, ptr, layout, class_size(class), interval);
             }
@@ -920,21 +930,29 @@ unsafe fn lane_allocate_hooked(
 }
 
 /// A child's small free into its lane: pushes the block if the child has a lane, the lane
-/// is open and its bin has room, uncounting `size` requested bytes; `false` otherwise (then
-/// [`lane_free_missed`]).
+/// is open and its bin has room, uncounting `size` requested bytes (if the child keeps
+/// them: `requested`); `false` otherwise (then [`lane_free_missed`]).
 ///
 /// # Safety
 /// As for [`lane_allocate`]; `ptr` is a live small block of `class` allocated through the
 /// same child with a request of `size` bytes (or one between that and the granted size).
 #[inline(always)]
-pub(crate) unsafe fn lane_free(lane: usize, ptr: *mut u8, class: usize, size: usize) -> bool {
+pub(crate) unsafe fn lane_free(
+    lane: usize,
+    ptr: *mut u8,
+    class: usize,
+    size: usize,
+    requested: bool,
+) -> bool {
     // SAFETY: as in `lane_allocate`; the block is forwarded from the caller.
     unsafe {
         let Some(lane) = lane_of_thread(lane) else {
             return false;
         };
         if lane.free_filtered(ptr, class) {
-            lane.sub_requested(size);
+            if requested {
+                lane.sub_requested(size);
+            }
             return true;
         }
         false
@@ -956,6 +974,7 @@ pub(crate) unsafe fn lane_free_missed(
     ptr: *mut u8,
     class: usize,
     size: usize,
+    requested: bool,
 ) -> bool {
     // SAFETY: as in `lane_allocate_missed`; the block is forwarded from the caller.
     unsafe {
@@ -963,10 +982,12 @@ pub(crate) unsafe fn lane_free_missed(
             return false;
         };
         if !lane_plain(tc, lane) {
-            return lane_free_hooked(tc, lane, ptr, class, size);
+            return lane_free_hooked(tc, lane, ptr, class, size, requested);
         }
         tc.free(lane, ptr, class);
-        lane.sub_requested(size);
+        if requested {
+            lane.sub_requested(size);
+        }
         true
     }
 }
@@ -984,6 +1005,7 @@ unsafe fn lane_free_hooked(
     ptr: *mut u8,
     class: usize,
     size: usize,
+    requested: bool,
 ) -> bool {
     if !lane_usable(tc, lane) {
         return false;
@@ -994,7 +1016,9 @@ unsafe fn lane_free_hooked(
     // SAFETY: the cache is this thread's and live, the lane open; the block is forwarded
     // from the caller.
     unsafe { tc.free(lane, ptr, class) };
-    lane.sub_requested(size);
+    if requested {
+        lane.sub_requested(size);
+    }
     true
 }
 
