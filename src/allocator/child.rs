@@ -18,8 +18,10 @@
 //! (≤ 4 KiB once rounded up to their alignment) are then the `SystemAllocator`'s own pop
 //! and push in another lane, plus one add of the requested size, and its figures come from
 //! the lane's counts.
-//! That costs 2 instructions per alloc+free pair over the `SystemAllocator` with a layout
-//! known at compile time, none with one computed per call (`examples/child_pairs.rs`).
+//! That is as many instructions per alloc+free pair as the `SystemAllocator`'s (one fewer
+//! with a layout computed per call; `examples/child_pairs.rs`), two of them read-modify-writes
+//! of memory for the requested bytes; a child declared `{ requested_bytes: false }` leaves
+//! those out (the `REQUESTED` parameter of [`Child`]).
 //!
 //! **The general path**, for everything else (large requests, children without a lane,
 //! and every call while the child or a child above it has a budget or records): before the
