@@ -212,6 +212,11 @@ impl Registration {
     pub const fn with_requested_bytes(self, keeps: bool) -> Self {
         Self {
             keeps_requested: keeps,
+            counters: if keeps {
+                self.counters
+            } else {
+                self.counters.without_requested()
+            },
             ..self
         }
     }
@@ -225,12 +230,7 @@ impl Registration {
     /// The reader for allocators whose figures are all in their [`Counters`] (children):
     /// reserved bytes equal live granted bytes.
     pub fn read_counters(this: &'static Registration) -> AllocatorStats {
-        let mut stats = this.counters.snapshot();
-        if !this.keeps_requested {
-            // Even before its first call registers it (and marks the counters).
-            stats.live_requested_bytes = None;
-        }
-        stats
+        this.counters.snapshot()
     }
 
     /// Links this entry into the registry if it is not yet (after its parent). Cheap when
@@ -248,8 +248,9 @@ impl Registration {
     fn register_slow(&'static self) {
         if !self.keeps_requested {
             // Before the entry is linked, so before any of its blocks exist: every figure
-            // that would include them stops reporting requested bytes.
-            let mut entry = Some(self);
+            // above that would include them stops reporting requested bytes (its own never
+            // did, see `with_requested_bytes`).
+            let mut entry = self.parent();
             while let Some(e) = entry {
                 e.counters.forget_requested();
                 entry = e.parent();

@@ -169,8 +169,8 @@ pub struct Counters {
     /// While this is not zero, a publication that would raise the peak first settles those
     /// holds, so that the peak does not count a big freed block as live.
     big_holders: AtomicU32,
-    /// Set once a child below (or this one) that does not count requested bytes is
-    /// registered: the requested figure is then incomplete and not reported.
+    /// Set from the start for a child that does not count requested bytes, and once such a
+    /// child below is registered: the requested figure is then incomplete and not reported.
     requested_unknown: AtomicBool,
 }
 
@@ -304,8 +304,17 @@ impl Counters {
         }
     }
 
-    /// From now on the requested bytes are not reported: a child that does not count them
-    /// (this allocator or one below it) is in use.
+    /// These counters, for a child that does not count requested bytes: they never report
+    /// them.
+    pub(crate) const fn without_requested(self) -> Self {
+        Self {
+            requested_unknown: AtomicBool::new(true),
+            ..self
+        }
+    }
+
+    /// From now on the requested bytes are not reported: a child below that does not count
+    /// them is in use.
     pub(crate) fn forget_requested(&self) {
         self.requested_unknown.store(true, Relaxed);
     }
