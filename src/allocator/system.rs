@@ -574,7 +574,7 @@ fn alloc_any(layout: Layout) -> *mut u8 {
 fn allocate_large(layout: Layout) -> Option<LargeGrant> {
     let grant =
         HEAP.large_heap()
-            .allocate(layout.size(), layout.align(), HEAP.source(), HEAP.stamp());
+            .allocate(layout.size(), layout.align(), 0, HEAP.source(), HEAP.stamp());
     HEAP.after_slow_path();
     grant
 }

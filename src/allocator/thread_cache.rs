@@ -1432,7 +1432,7 @@ pub(crate) unsafe fn before_fork() {
     // SAFETY: every lock is released by `after_fork`.
     unsafe {
         THREADS.lock_raw();
-        HEAP.small_heap().lock_all();
+        HEAP.lock_small_heaps();
         HEAP.large_heap().lock_all();
     }
 }
@@ -1446,7 +1446,7 @@ pub(crate) unsafe fn after_fork(child: bool) {
     // child, which has no other thread and so no waiter for the thread list).
     unsafe {
         HEAP.large_heap().unlock_all();
-        HEAP.small_heap().unlock_all();
+        HEAP.unlock_small_heaps();
         if child {
             THREADS.reset_in_child();
         } else {

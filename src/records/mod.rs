@@ -173,7 +173,7 @@ pub(crate) unsafe fn before_fork() {
         table::lock_all();
         buffer::before_fork();
         stack::lock();
-        heap::RECORDS_HEAP.small_heap().lock_all();
+        heap::RECORDS_HEAP.lock_small_heaps();
         heap::RECORDS_HEAP.large_heap().lock_all();
     }
 }
@@ -186,7 +186,7 @@ pub(crate) unsafe fn after_fork(child: bool) {
     // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the child).
     unsafe {
         heap::RECORDS_HEAP.large_heap().unlock_all();
-        heap::RECORDS_HEAP.small_heap().unlock_all();
+        heap::RECORDS_HEAP.unlock_small_heaps();
         stack::unlock();
         table::unlock_all();
         buffer::after_fork(child);

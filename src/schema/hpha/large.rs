@@ -16,7 +16,7 @@
 //! with `mremap` when reallocated.
 
 use super::purge::Cutoff;
-use super::small::SEGMENT_SIZE;
+use super::small::{SEGMENT_SIZE, Tag};
 use super::tree::{FreeTree, NODE_SIZE, Node};
 use crate::fatal::fatal;
 use crate::os::PageSource;
@@ -33,6 +33,11 @@ const CLEAN: usize = 2;
 /// The block has a mapping of its own.
 const DIRECT: usize = 4;
 const FLAGS: usize = 15;
+/// Where a used block keeps its tag (the owner id of [`Tag`]): the top bits of its size
+/// word, which no size reaches (mappings stay below 2^47 bytes). Free blocks carry none.
+const TAG_SHIFT: u32 = usize::BITS - Tag::BITS;
+const TAG_BITS: usize = (Tag::MAX as usize) << TAG_SHIFT;
+const SIZE_BITS: usize = !(FLAGS | TAG_BITS);
 
 /// Smallest payload of a large block: room for a tree node.
 pub(crate) const MIN_PAYLOAD: usize = NODE_SIZE;
@@ -94,7 +99,13 @@ const DIRECT_HDR: usize = core::mem::size_of::<DirectHeader>() + HDR;
 #[inline]
 unsafe fn size(b: *mut Block) -> usize {
     // SAFETY: caller passes a valid header.
-    unsafe { (*b).size_flags & !FLAGS }
+    unsafe { (*b).size_flags & SIZE_BITS }
+}
+/// The tag bits of a used block's size word, to carry over when its size changes.
+#[inline]
+unsafe fn tag_bits(b: *mut Block) -> usize {
+    // SAFETY: caller passes a valid header.
+    unsafe { (*b).size_flags & TAG_BITS }
 }
 #[inline]
 unsafe fn flags(b: *mut Block) -> usize {
@@ -340,6 +351,7 @@ impl LargeState {
         mut b: *mut Block,
         want: usize,
         align: usize,
+        tag: Tag,
         stamp: u64,
     ) -> LargeGrant {
         // SAFETY: `b` is a free block in the tree that fits (checked by `find_fit`); every
@@ -370,7 +382,7 @@ impl LargeState {
                 (*b).size_flags = want;
                 self.insert_free(tail, stamp);
             }
-            (*b).size_flags = size(b) | USED;
+            (*b).size_flags = size(b) | USED | ((tag as usize) << TAG_SHIFT);
             self.live_blocks += 1;
             self.granted_bytes += size(b);
             self.allocations += 1;
@@ -399,7 +411,7 @@ impl LargeState {
             (*tail).prev = b;
             (*tail).size_flags = rest - HDR;
             (*next(tail)).prev = tail;
-            (*b).size_flags = keep | USED;
+            (*b).size_flags = keep | USED | tag_bits(b);
             self.granted_bytes -= rest;
             let after = next(tail);
             if !is_used(after) {
@@ -473,17 +485,19 @@ impl LargeHeap {
         size.max(MIN_PAYLOAD).checked_next_multiple_of(HDR)
     }
 
-    /// Allocates a large block; `None` when out of memory or the request cannot be met.
+    /// Allocates a large block carrying `tag` (see [`tag_of`](Self::tag_of)); `None` when
+    /// out of memory or the request cannot be met.
     pub(crate) fn allocate(
         &self,
         size: usize,
         align: usize,
+        tag: Tag,
         source: &impl PageSource,
         stamp: u64,
     ) -> Option<LargeGrant> {
         let payload = Self::payload_for(size)?;
         if payload >= DIRECT_THRESHOLD || align > MAX_TREE_ALIGN {
-            return self.allocate_direct(payload, align, source);
+            return self.allocate_direct(payload, align, tag, source);
         }
         let mut st = self.state.lock();
         let mut b = st.find_fit(payload, align);
@@ -495,7 +509,7 @@ impl LargeHeap {
             debug_assert!(!b.is_null());
         }
         // SAFETY: `b` is a free block in the tree that fits the request.
-        Some(unsafe { st.take(b, payload, align, stamp) })
+        Some(unsafe { st.take(b, payload, align, tag, stamp) })
     }
 
     fn direct_layout(payload: usize, align: usize, granule: usize) -> Option<(usize, usize)> {
@@ -514,6 +528,7 @@ impl LargeHeap {
         &self,
         payload: usize,
         align: usize,
+        tag: Tag,
         source: &impl PageSource,
     ) -> Option<LargeGrant> {
         let granule = source.granularity();
@@ -528,10 +543,16 @@ impl LargeHeap {
         }
         // SAFETY: `base` is a fresh mapping of `len` bytes; the headers lie before the payload
         // inside it.
-        unsafe { Some(self.format_direct(base, len, header_space)) }
+        unsafe { Some(self.format_direct(base, len, header_space, tag)) }
     }
 
-    unsafe fn format_direct(&self, base: *mut u8, len: usize, header_space: usize) -> LargeGrant {
+    unsafe fn format_direct(
+        &self,
+        base: *mut u8,
+        len: usize,
+        header_space: usize,
+        tag: Tag,
+    ) -> LargeGrant {
         // SAFETY: the caller passes a mapping of `len` bytes with room for the headers.
         unsafe {
             let ptr = base.add(header_space);
@@ -541,7 +562,7 @@ impl LargeHeap {
             (*dh).map_len = len;
             let b = block_of(ptr);
             (*b).prev = null_mut();
-            (*b).size_flags = capacity | USED | DIRECT;
+            (*b).size_flags = capacity | USED | DIRECT | ((tag as usize) << TAG_SHIFT);
             self.direct_blocks.fetch_add(1, Relaxed);
             self.direct_granted.fetch_add(capacity, Relaxed);
             self.direct_mapped.fetch_add(len, Relaxed);
@@ -552,6 +573,17 @@ impl LargeHeap {
                 dirty_prefix: 0,
             }
         }
+    }
+
+    /// The tag of a live large block, as [`allocate`](Self::allocate) was given it. A
+    /// resize keeps it, in place or moved.
+    ///
+    /// # Safety
+    /// `ptr` must be a live block of a large heap.
+    #[inline]
+    pub(crate) unsafe fn tag_of(ptr: *mut u8) -> Tag {
+        // SAFETY: a live block has a valid header before it.
+        unsafe { ((*block_of(ptr)).size_flags >> TAG_SHIFT) as Tag }
     }
 
     /// The usable size of a live large block.
@@ -673,7 +705,7 @@ impl LargeHeap {
             if new_payload < DIRECT_THRESHOLD && !is_used(n) && old + HDR + size(n) >= new_payload {
                 st.remove_free(n);
                 let merged = old + HDR + size(n);
-                (*b).size_flags = merged | USED;
+                (*b).size_flags = merged | USED | tag_bits(b);
                 (*next(b)).prev = b;
                 st.granted_bytes += merged - old;
                 st.trim(b, new_payload, stamp);
@@ -683,7 +715,7 @@ impl LargeHeap {
             // A block that keeps growing moves into a mapping of its own, which later grows
             // with `mremap`: the kernel moves page tables instead of us copying bytes.
             if new_payload >= GROW_DIRECT_MIN && align <= source.granularity() {
-                let grant = self.allocate_direct(new_payload, align, source)?;
+                let grant = self.allocate_direct(new_payload, align, Self::tag_of(ptr), source)?;
                 core::ptr::copy_nonoverlapping(ptr, grant.ptr, old);
                 self.free(ptr, source, stamp, true);
                 return Some((grant.ptr, grant.size));
@@ -712,6 +744,7 @@ impl LargeHeap {
             let dh: *mut DirectHeader = payload(b).sub(DIRECT_HDR).cast();
             let (start, old_len) = ((*dh).map_start, (*dh).map_len);
             let header_space = payload(b).addr() - start.addr();
+            let tag = Self::tag_of(payload(b));
             let new_len = header_space
                 .checked_add(new_payload)?
                 .checked_next_multiple_of(granule)?;
@@ -723,7 +756,7 @@ impl LargeHeap {
             self.direct_granted.fetch_sub(capacity, Relaxed);
             self.direct_mapped.fetch_sub(old_len, Relaxed);
             self.direct_allocations.fetch_sub(1, Relaxed);
-            let grant = self.format_direct(base, new_len, header_space);
+            let grant = self.format_direct(base, new_len, header_space, tag);
             Some((grant.ptr, grant.size))
         }
     }

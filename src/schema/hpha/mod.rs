@@ -15,6 +15,7 @@ pub(crate) mod large;
 mod purge;
 pub(crate) mod size_class;
 pub(crate) mod small;
+mod tagged;
 mod tree;
 
 use crate::os::{OsAllocator, PageSource};
@@ -25,10 +26,12 @@ use large::LargeHeap;
 use purge::{Cutoff, PurgeClock};
 use size_class::{class_for, class_size};
 use small::SmallHeap;
+use tagged::TaggedHeaps;
 
 pub use large::{CHUNK_SIZE, DIRECT_THRESHOLD, GROW_DIRECT_MIN, MAX_TREE_ALIGN};
 pub use size_class::MAX_SMALL;
-pub use small::{PAGE_SIZE as SMALL_PAGE_SIZE, SEGMENT_SIZE};
+pub use small::{PAGE_SIZE as SMALL_PAGE_SIZE, SEGMENT_SIZE, Tag};
+pub use tagged::MAX_TAGS;
 
 /// A thread-safe HPHA heap drawing pages from `S`.
 ///
@@ -46,7 +49,10 @@ pub use small::{PAGE_SIZE as SMALL_PAGE_SIZE, SEGMENT_SIZE};
 /// assert_eq!(heap.stats().live_blocks, 0);
 /// ```
 pub struct HphaSchema<S: PageSource = OsAllocator> {
+    /// Small blocks of tag 0.
     small: SmallHeap,
+    /// Small blocks of the other tags, each on segments of its own.
+    tagged: TaggedHeaps,
     large: LargeHeap,
     /// When idle memory goes back to the source.
     clock: PurgeClock,
@@ -97,15 +103,81 @@ impl<S: PageSource> HphaSchema<S> {
     pub const fn new(source: S) -> Self {
         Self {
             small: SmallHeap::new(),
+            tagged: TaggedHeaps::new(),
             large: LargeHeap::new(),
             clock: PurgeClock::new(purge::NEVER),
             source,
         }
     }
 
-    /// The small-block side, for the thread caches in front of the global heap.
+    /// The small-block side of tag 0, for the thread caches in front of the global heap.
     pub(crate) fn small_heap(&self) -> &SmallHeap {
         &self.small
+    }
+
+    /// The small-block side of `tag`, made on first use; `None` when the page source is out
+    /// of memory or `tag` is not below [`MAX_TAGS`].
+    #[inline]
+    pub(crate) fn small_heap_of(&self, tag: Tag) -> Option<&SmallHeap> {
+        if tag == 0 {
+            return Some(&self.small);
+        }
+        self.tagged.get_or_make(tag, &self.source)
+    }
+
+    /// The small-block side holding the small block `ptr` (its segment's tag says which).
+    ///
+    /// # Safety
+    /// `ptr` must be a live small block of this heap.
+    #[inline]
+    unsafe fn small_heap_holding(&self, ptr: *mut u8) -> &SmallHeap {
+        // SAFETY: forwarded from the caller.
+        let tag = unsafe { small::segment_tag(ptr) };
+        if tag == 0 {
+            return &self.small;
+        }
+        match self.tagged.get(tag) {
+            Some(heap) => heap,
+            None => crate::fatal::fatal!(
+                "free of {:p}: its segment says tag {}, which has no heap (not a small block \
+                 of this heap)",
+                ptr,
+                tag
+            ),
+        }
+    }
+
+    /// Takes every lock of the small-block sides, every tag's (before `fork()`): no heap
+    /// is made while they are held.
+    ///
+    /// # Safety
+    /// Must be paired with [`unlock_small_heaps`](Self::unlock_small_heaps) on the same
+    /// thread (or in the child it forks), with no guard of these locks alive in between.
+    pub(crate) unsafe fn lock_small_heaps(&self) {
+        // SAFETY: forwarded; each lock is released by `unlock_small_heaps`. The heaps to lock
+        // cannot change once `making` is held.
+        unsafe {
+            self.tagged.lock_making();
+            self.for_each_small_heap(|heap| heap.lock_all());
+        }
+    }
+
+    /// Releases what [`lock_small_heaps`](Self::lock_small_heaps) took.
+    ///
+    /// # Safety
+    /// Only after `lock_small_heaps`, with no guards alive.
+    pub(crate) unsafe fn unlock_small_heaps(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.for_each_small_heap(|heap| heap.unlock_all());
+            self.tagged.unlock_making();
+        }
+    }
+
+    /// Calls `f` with the small-block side of every tag in use (tag 0 first).
+    pub(crate) fn for_each_small_heap(&self, mut f: impl FnMut(&SmallHeap)) {
+        f(&self.small);
+        self.tagged.for_each(f);
     }
 
     /// The large-block side, for the global allocator's own realloc path.
@@ -122,16 +194,33 @@ impl<S: PageSource> HphaSchema<S> {
     /// request cannot be represented. A zero-size request gets a real, unique block.
     #[inline]
     pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
+        self.allocate_tagged(layout, 0)
+    }
+
+    /// Allocates a block for `layout` that carries `tag` (below [`MAX_TAGS`]): a small one
+    /// from segments of that tag, a large one with the tag in its header. [`tag_of`]
+    /// reads it back from the block. `None` when out of memory or `tag` is out of range.
+    ///
+    /// [`tag_of`]: Self::tag_of
+    pub fn allocate_tagged(&self, layout: Layout, tag: Tag) -> Option<Allocation> {
         if let Some(class) = class_for(layout.size(), layout.align()) {
-            let ptr = NonNull::new(self.small.allocate(class, &self.source))?;
+            let small = self.small_heap_of(tag)?;
+            let ptr = NonNull::new(small.allocate(class, &self.source))?;
             return Some(Allocation {
                 ptr,
                 size: class_size(class),
             });
         }
-        let grant =
-            self.large
-                .allocate(layout.size(), layout.align(), &self.source, self.stamp())?;
+        if usize::from(tag) >= MAX_TAGS {
+            return None;
+        }
+        let grant = self.large.allocate(
+            layout.size(),
+            layout.align(),
+            tag,
+            &self.source,
+            self.stamp(),
+        )?;
         self.after_slow_path();
         Some(Allocation {
             // SAFETY: a grant's pointer is never null.
@@ -150,9 +239,13 @@ impl<S: PageSource> HphaSchema<S> {
             unsafe { ptr.as_ptr().write_bytes(0, size) };
             return Some(Allocation { ptr, size });
         }
-        let grant =
-            self.large
-                .allocate(layout.size(), layout.align(), &self.source, self.stamp())?;
+        let grant = self.large.allocate(
+            layout.size(),
+            layout.align(),
+            0,
+            &self.source,
+            self.stamp(),
+        )?;
         self.after_slow_path();
         // SAFETY: the block is ours; past `dirty_prefix` it already reads as zero.
         unsafe { grant.ptr.write_bytes(0, grant.dirty_prefix) };
@@ -173,8 +266,12 @@ impl<S: PageSource> HphaSchema<S> {
     #[inline]
     pub unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if let Some(class) = class_for(layout.size(), layout.align()) {
-            // SAFETY: forwarded from the caller.
-            unsafe { self.small.free(ptr.as_ptr(), class, self.stamp()) };
+            // SAFETY: forwarded from the caller: a live small block, whose segment says
+            // which tag's heap it belongs to.
+            unsafe {
+                self.small_heap_holding(ptr.as_ptr())
+                    .free(ptr.as_ptr(), class, self.stamp())
+            };
         } else {
             // SAFETY: forwarded from the caller.
             unsafe {
@@ -227,7 +324,8 @@ impl<S: PageSource> HphaSchema<S> {
             _ => {}
         }
         let new_layout = Layout::from_size_align(new_size, align).ok()?;
-        let new = self.allocate(new_layout)?;
+        // SAFETY: forwarded from the caller: a live block of this heap.
+        let new = self.allocate_tagged(new_layout, unsafe { self.tag_of(ptr, layout) })?;
         // SAFETY: both blocks are live and distinct; the old one holds at least
         // `layout.size()` bytes and the new one at least `new_size`.
         unsafe {
@@ -239,6 +337,25 @@ impl<S: PageSource> HphaSchema<S> {
             self.deallocate(ptr, layout);
         }
         Some(new)
+    }
+
+    /// The tag a live block was allocated with (see [`allocate_tagged`]); a reallocation
+    /// keeps it.
+    ///
+    /// [`allocate_tagged`]: Self::allocate_tagged
+    ///
+    /// # Safety
+    /// `ptr` must be a live block of this heap allocated with `layout` (or a size between
+    /// the one requested and the one granted, at the same alignment).
+    #[inline]
+    pub unsafe fn tag_of(&self, ptr: NonNull<u8>, layout: Layout) -> Tag {
+        // SAFETY: forwarded from the caller; the layout says which side the block is on.
+        unsafe {
+            match class_for(layout.size(), layout.align()) {
+                Some(_) => small::segment_tag(ptr.as_ptr()),
+                None => LargeHeap::tag_of(ptr.as_ptr()),
+            }
+        }
     }
 
     /// The bytes usable in a live block (its class or block size).
@@ -293,7 +410,7 @@ impl<S: PageSource> HphaSchema<S> {
     /// Returns memory idle since before `cut` on both sides.
     fn purge(&self, cut: Cutoff) {
         let stamp = self.clock.stamp();
-        self.small.purge(cut, stamp, &self.source);
+        self.for_each_small_heap(|small| small.purge(cut, stamp, &self.source));
         self.large.purge(cut, &self.source);
     }
 
@@ -321,7 +438,8 @@ impl<S: PageSource> HphaSchema<S> {
     /// A snapshot of the heap's counters. Each side is read under its own locks, so the
     /// figures are exact when no other thread is allocating.
     pub fn stats(&self) -> HphaStats {
-        let small = self.small.stats();
+        let mut small = self.small.stats();
+        self.tagged.for_each(|heap| small.add(&heap.stats()));
         let large = self.large.stats();
         HphaStats {
             granted_bytes: small.granted_bytes + large.granted_bytes,
@@ -349,7 +467,9 @@ impl<S: PageSource> HphaSchema<S> {
     /// every chunk's block list (links, no two adjacent free blocks), and the counters.
     /// Takes every lock; meant for tests and debugging.
     pub fn validate(&self) -> Result<(), &'static str> {
-        self.small.validate()?;
+        let mut small = Ok(());
+        self.for_each_small_heap(|heap| small = small.and(heap.validate()));
+        small?;
         self.large.validate()
     }
 }
@@ -361,6 +481,7 @@ impl<S: PageSource> HphaSchema<S> {
 impl<S: PageSource> Drop for HphaSchema<S> {
     fn drop(&mut self) {
         self.small.release_all(&self.source);
+        self.tagged.release_all(&self.source);
         self.large.release_all(&self.source);
     }
 }

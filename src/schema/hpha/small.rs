@@ -12,8 +12,14 @@
 //! cache level: with a few hundred pages in use, freeing into random pages missed the L2
 //! on nearly every header (mimalloc v3 keeps its page metadata apart for the same reason).
 //! Side by side, a segment's headers fill consecutive lines, and the array starts at one of
-//! 16 offsets in the first page ([`SEGMENT_COLOURS`]), chosen by the segment's address, so
+//! 15 offsets in the first page ([`SEGMENT_COLOURS`]), chosen by the segment's address, so
 //! the arrays of different segments fall into different sets too.
+//!
+//! **Tags.** Every segment belongs to one *tag* (an owner id; 0 is the heap's own), written
+//! in the segment's first word, below its header array: [`segment_tag`] reads it from any
+//! block's address with a mask and one load. A [`SmallHeap`] serves one tag and maps its own
+//! segments, so a block's tag is fixed by where it lies and comes back on free without a
+//! per-block header or side table (the global allocator's scoped tags rely on it).
 //!
 //! A page that becomes empty goes back to a shared pool (unless it is its class's last
 //! page) and can serve any class next. `garbage_collect` unmaps whole free segments and purges the bodies of the other free
@@ -39,11 +45,12 @@ const PAGES_PER_SEGMENT: usize = SEGMENT_SIZE / PAGE_SIZE;
 const HEADER_STRIDE: usize = 128;
 /// Bytes of one segment's header array.
 const HEADER_ARRAY: usize = PAGES_PER_SEGMENT * HEADER_STRIDE;
-/// Offsets at which a segment's header array may start in its first page.
-const SEGMENT_COLOURS: usize = PAGE_SIZE / HEADER_ARRAY;
+/// Offsets at which a segment's header array may start in its first page: every slot of
+/// [`HEADER_ARRAY`] bytes but the first, which holds the segment's tag.
+const SEGMENT_COLOURS: usize = PAGE_SIZE / HEADER_ARRAY - 1;
 const _: () = assert!(core::mem::size_of::<PageHeader>() <= HEADER_STRIDE);
 const _: () = assert!(HEADER_STRIDE.is_power_of_two() && HEADER_ARRAY.is_power_of_two());
-const _: () = assert!(SEGMENT_COLOURS >= 1 && SEGMENT_COLOURS * HEADER_ARRAY <= PAGE_SIZE);
+const _: () = assert!(SEGMENT_COLOURS >= 1 && (SEGMENT_COLOURS + 1) * HEADER_ARRAY <= PAGE_SIZE);
 
 /// Segments after this many are backed by transparent huge pages (fewer TLB misses for
 /// programs with large heaps); `usize::MAX` (the default) turns huge pages off. See
@@ -102,8 +109,6 @@ pub(crate) struct PageHeader {
     in_partial: bool,
     /// Whether the page body was purged since it last served a class.
     purged: bool,
-    /// The allocator (tag) that owns this page; 0 is the heap itself.
-    pub(crate) tag: u32,
     /// Purge epoch at which the page last became empty.
     idle_since: u64,
     // Segment bookkeeping: meaningful only in the first header of a segment.
@@ -128,10 +133,26 @@ fn page_marker(page: *mut PageHeader) -> usize {
     PAGE_MAGIC ^ page.addr()
 }
 
-/// Where the header array of the segment at `seg` (a segment-aligned address) starts.
+/// Where the header array of the segment at `seg` (a segment-aligned address) starts: past
+/// the first [`HEADER_ARRAY`] bytes, which hold the segment's tag.
 #[inline(always)]
 const fn header_array(seg: usize) -> usize {
-    seg + ((seg / SEGMENT_SIZE) % SEGMENT_COLOURS) * HEADER_ARRAY
+    seg + (1 + (seg / SEGMENT_SIZE) % SEGMENT_COLOURS) * HEADER_ARRAY
+}
+
+/// An owner id of small-block segments (see the module docs); 0 is the heap's own.
+pub type Tag = u16;
+
+/// The tag of the segment holding the small block `ptr`: the first word of its segment.
+///
+/// # Safety
+/// `ptr` must point into a live small block of some [`SmallHeap`] (its segment is mapped
+/// and its tag word was written before the block was handed out, and never changes while
+/// the block lives).
+#[inline(always)]
+pub(crate) unsafe fn segment_tag(ptr: *const u8) -> Tag {
+    // SAFETY: forwarded from the caller: the segment's first word is mapped and stable.
+    unsafe { *ptr.map_addr(|a| a & !(SEGMENT_SIZE - 1)).cast::<Tag>() }
 }
 
 /// The header of the page holding a small block (or of the page at any address inside a
@@ -246,19 +267,22 @@ struct PagePool {
     /// All segments (linked through `seg_next`/`seg_prev` of their first page).
     segments: *mut PageHeader,
     segment_count: usize,
+    /// The tag written into every segment this pool maps.
+    tag: Tag,
 }
 
 // SAFETY: as for `ClassState`: pointers into heap-owned segments, guarded by the pool lock.
 unsafe impl Send for PagePool {}
 
 impl PagePool {
-    const fn new() -> Self {
+    const fn new(tag: Tag) -> Self {
         Self {
             free: null_mut(),
             free_count: 0,
             cursor: null_mut(),
             segments: null_mut(),
             segment_count: 0,
+            tag,
         }
     }
 
@@ -309,6 +333,11 @@ impl PagePool {
                 }
                 if huge_pages_wanted(self.segment_count * SEGMENT_SIZE) {
                     source.hint_huge_pages(base, SEGMENT_SIZE);
+                }
+                // Before any block of the segment exists (fresh mappings read as zero, the
+                // heap's own tag).
+                if self.tag != 0 {
+                    base.cast::<Tag>().write(self.tag);
                 }
                 let seg = page_of(base);
                 // Fresh mappings read as zero, so only the non-zero fields need writing. The
@@ -405,7 +434,7 @@ impl PagePool {
                 seg = next;
             }
         }
-        *self = Self::new();
+        *self = Self::new(self.tag);
     }
 }
 
@@ -425,17 +454,37 @@ pub(crate) struct SmallStats {
     pub segments: usize,
 }
 
-/// The small-block heap: per-class page lists and the page pool.
+impl SmallStats {
+    /// Adds another heap's counters (for a total over tags).
+    pub(crate) fn add(&mut self, other: &SmallStats) {
+        self.granted_bytes += other.granted_bytes;
+        self.live_blocks += other.live_blocks;
+        self.allocations += other.allocations;
+        self.frees += other.frees;
+        self.class_pages += other.class_pages;
+        self.free_pages += other.free_pages;
+        self.segments += other.segments;
+    }
+}
+
+/// The small-block heap of one tag: per-class page lists and the page pool, on segments
+/// of its own.
 pub(crate) struct SmallHeap {
     classes: [PaddedClass; CLASS_COUNT],
     pool: SpinLock<PagePool>,
 }
 
 impl SmallHeap {
+    /// The heap of tag 0.
     pub(crate) const fn new() -> Self {
+        Self::with_tag(0)
+    }
+
+    /// A heap whose segments carry `tag`.
+    pub(crate) const fn with_tag(tag: Tag) -> Self {
         Self {
             classes: [const { PaddedClass(SpinLock::new(ClassState::new())) }; CLASS_COUNT],
-            pool: SpinLock::new(PagePool::new()),
+            pool: SpinLock::new(PagePool::new(tag)),
         }
     }
 
@@ -458,7 +507,6 @@ impl SmallHeap {
             (*page).used = 0;
             (*page).capacity = capacity as u32;
             (*page).elem = elem as u32;
-            (*page).tag = 0;
             for w in 0..BITMAP_WORDS {
                 live_word(page, w).store(0, Relaxed);
             }
@@ -859,7 +907,8 @@ mod layout_tests {
         for s in 1..=(2 * SEGMENT_COLOURS) {
             let seg = s * SEGMENT_SIZE;
             let array = header_array(seg);
-            assert!(array >= seg && array + HEADER_ARRAY <= seg + PAGE_SIZE);
+            // Past the segment's tag word, inside the first page.
+            assert!(array >= seg + HEADER_ARRAY && array + HEADER_ARRAY <= seg + PAGE_SIZE);
             assert_eq!(array % HEADER_ARRAY, 0);
             let first: *mut PageHeader = page_of(without_provenance_mut(seg));
             assert_eq!(first.addr(), array);

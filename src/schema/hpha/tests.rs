@@ -305,3 +305,56 @@ fn random_operations_match_a_shadow_model() {
     h.garbage_collect();
     assert_eq!(h.source().mapped_bytes(), 0);
 }
+
+#[test]
+fn miri_tagged_blocks_keep_their_tag_through_reallocation_and_free_into_their_heap() {
+    let h = heap();
+    let tags: [Tag; 4] = [0, 1, 300, (MAX_TAGS - 1) as Tag];
+    let sizes = [8, 100, 4096, 5000, 200_000];
+    let mut live = Vec::new();
+    for &tag in &tags {
+        for (i, &size) in sizes.iter().enumerate() {
+            let l = layout(size, 16);
+            let a = h.allocate_tagged(l, tag).unwrap();
+            fill(a, size, i as u8);
+            // SAFETY: `a` was just allocated with `l`.
+            assert_eq!(unsafe { h.tag_of(a.ptr, l) }, tag, "size {size}");
+            live.push((a, l, tag, i as u8));
+        }
+    }
+    // Small blocks of different tags never share a segment.
+    for (a, l, tag, _) in &live {
+        for (b, m, other, _) in &live {
+            if tag != other && l.size() <= MAX_SMALL && m.size() <= MAX_SMALL {
+                let seg = |p: NonNull<u8>| p.as_ptr() as usize / SEGMENT_SIZE;
+                assert_ne!(seg(a.ptr), seg(b.ptr), "tags {tag} and {other}");
+            }
+        }
+    }
+    h.validate().unwrap();
+    // Reallocations across the small/large line and within each keep the tag.
+    for (a, l, tag, seed) in &mut live {
+        for new_size in [24, 6000, 64, 300_000] {
+            let keep = l.size().min(new_size);
+            // SAFETY: `a` is live with `l`; on success it moves to `new_size`.
+            let b = unsafe { h.reallocate(a.ptr, *l, new_size) }.unwrap();
+            let m = layout(new_size, 16);
+            check(b, keep, *seed);
+            fill(b, new_size, *seed);
+            // SAFETY: `b` is live with `m`.
+            assert_eq!(unsafe { h.tag_of(b.ptr, m) }, *tag);
+            (*a, *l) = (b, m);
+        }
+    }
+    for (a, l, _, seed) in live {
+        check(a, l.size(), seed);
+        // SAFETY: live with `l`.
+        unsafe { h.deallocate(a.ptr, l) };
+    }
+    let st = h.stats();
+    assert_eq!((st.live_blocks, st.granted_bytes), (0, 0));
+    h.validate().unwrap();
+    // Beyond the last tag: refused, not wrapped.
+    assert!(h.allocate_tagged(layout(8, 8), MAX_TAGS as Tag).is_none());
+    assert!(h.allocate_tagged(layout(9000, 8), MAX_TAGS as Tag).is_none());
+}
