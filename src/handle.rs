@@ -424,6 +424,8 @@ macro_rules! allocator {
         $vis struct $name;
 
         const _: () = {
+            static OPS: $crate::child::ChildOps = $crate::child::ChildOps::of::<$name>();
+
             static REGISTRATION: $crate::Registration = $crate::Registration::new(
                 stringify!($name),
                 $description,
@@ -431,12 +433,54 @@ macro_rules! allocator {
                 ::core::option::Option::Some(<$parent as $crate::BlockAllocator>::registration),
                 $crate::Registration::read_counters,
             )
-            .with_requested_bytes($requested);
+            .with_requested_bytes($requested)
+            .with_child_ops(&OPS);
 
             impl $name {
                 #[inline(always)]
                 fn __tagalloc_child() -> $crate::child::Child<$parent, $name, { $requested }> {
                     $crate::child::Child::new()
+                }
+
+                /// Enters this allocator's scoped tag on the calling thread: until the guard
+                /// drops, the thread's global allocations (std containers included) are this
+                /// allocator's, as if made through the handle (see `tagalloc::scope`).
+                #[inline]
+                pub fn enter(self) -> $crate::TagGuard {
+                    $crate::scope::enter::<$name>()
+                }
+
+                /// Runs `f` with this allocator's scoped tag entered (see
+                /// [`enter`](Self::enter)).
+                #[inline]
+                pub fn scope<R>(self, f: impl ::core::ops::FnOnce() -> R) -> R {
+                    let _tag = self.enter();
+                    f()
+                }
+
+                /// `f`, to run with this allocator's scoped tag entered wherever it runs:
+                /// `std::thread::spawn(Renderer.bind(move || work()))`.
+                #[inline]
+                pub fn bind<F, R>(
+                    self,
+                    f: F,
+                ) -> impl ::core::ops::FnOnce() -> R + ::core::marker::Send + 'static
+                where
+                    F: ::core::ops::FnOnce() -> R + ::core::marker::Send + 'static,
+                    R: 'static,
+                {
+                    move || self.scope(f)
+                }
+
+                /// `future`, polled with this allocator's scoped tag entered at each poll
+                /// (never across an `.await`), so it keeps its tag on whatever thread
+                /// polls it.
+                #[inline]
+                pub fn instrument<F: ::core::future::Future>(
+                    self,
+                    future: F,
+                ) -> $crate::scope::Instrumented<F> {
+                    $crate::scope::Instrumented::new::<$name>(future)
                 }
             }
 
@@ -494,6 +538,38 @@ macro_rules! allocator {
                     // SAFETY: forwarded from the caller; a child's blocks are its parent's.
                     unsafe {
                         <$parent as $crate::BlockAllocator>::INSTANCE.granted_size(ptr, layout)
+                    }
+                }
+                #[inline]
+                fn allocate_block_tagged(
+                    self,
+                    layout: ::core::alloc::Layout,
+                    tag: $crate::schema::hpha::Tag,
+                    zeroed: bool,
+                ) -> ::core::option::Option<$crate::schema::Allocation> {
+                    Self::__tagalloc_child().allocate_tagged(layout, tag, zeroed)
+                }
+                #[inline]
+                unsafe fn deallocate_block_tagged(
+                    self,
+                    ptr: ::core::ptr::NonNull<u8>,
+                    layout: ::core::alloc::Layout,
+                    tag: $crate::schema::hpha::Tag,
+                ) -> usize {
+                    // SAFETY: forwarded from the caller.
+                    unsafe { Self::__tagalloc_child().deallocate_tagged(ptr, layout, tag) }
+                }
+                #[inline]
+                unsafe fn reallocate_block_tagged(
+                    self,
+                    ptr: ::core::ptr::NonNull<u8>,
+                    layout: ::core::alloc::Layout,
+                    new_size: usize,
+                    tag: $crate::schema::hpha::Tag,
+                ) -> ::core::option::Option<($crate::schema::Allocation, usize)> {
+                    // SAFETY: forwarded from the caller.
+                    unsafe {
+                        Self::__tagalloc_child().reallocate_tagged(ptr, layout, new_size, tag)
                     }
                 }
             }

@@ -30,6 +30,7 @@ pub use allocator::{child, pools, registry};
 // 4. What programs use: per-type handles (`allocator!`), typed allocation, reports.
 pub mod handle;
 pub mod report;
+pub mod scope;
 pub mod typed;
 // Apart from the hierarchy: offsets in memory tagalloc never touches (GPU heaps, files).
 pub mod virtual_block;
@@ -40,6 +41,7 @@ pub use child::BlockAllocator;
 pub use records::RecordMode;
 pub use registry::{AllocatorKind, Registration};
 pub use report::dump_allocators;
+pub use scope::{TagGuard, untagged};
 pub use stats::{AllocatorStats, Counters};
 pub use system::SystemAllocator;
 pub use typed::ClassAllocator;

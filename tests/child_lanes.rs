@@ -20,12 +20,6 @@ tagalloc::allocator!(Parent: child of SystemAllocator, "parent with a budget");
 tagalloc::allocator!(Kid: child of Parent, "grandchild with a lane");
 tagalloc::allocator!(Leaver: child of SystemAllocator, "threads that exit");
 
-/// Whether children get lanes here: not with `TAGALLOC_THREAD_POINTER=off` (then the same
-/// tests check the children's general path).
-fn lanes_expected() -> bool {
-    std::env::var("TAGALLOC_THREAD_POINTER").map_or(true, |v| v != "off")
-}
-
 /// A block in flight between threads.
 struct Block(NonNull<u8>, Layout);
 // SAFETY: the block is owned by whoever holds this value; the allocator is thread-safe.
@@ -76,9 +70,8 @@ fn a_lane_counts_exactly_on_one_thread() {
         granted_sum += granted(layout);
         requested_sum += layout.size();
     }
-    assert_eq!(
+    assert!(
         Exact::registration().has_thread_cache_lane(),
-        lanes_expected(),
         "the child took a lane"
     );
     // The reports say which children are on their lane.
@@ -89,14 +82,10 @@ fn a_lane_counts_exactly_on_one_thread() {
         .iter()
         .find(|a| a["name"] == "Exact")
         .unwrap();
-    assert_eq!(entry["thread_cache_lane"], lanes_expected());
+    assert_eq!(entry["thread_cache_lane"], true);
     let tree = tagalloc::report::tree();
     let line = tree.lines().find(|l| l.contains("Exact ")).unwrap();
-    assert_eq!(
-        line.contains("[thread-cache lane]"),
-        lanes_expected(),
-        "{line}"
-    );
+    assert!(line.contains("[thread-cache lane]"), "{line}");
     let st = Exact.stats();
     assert_eq!(st.live_blocks, start.live_blocks + 5_000);
     assert_eq!(
@@ -172,10 +161,7 @@ fn lane_blocks_freed_on_other_threads_leave_every_counter_exact() {
         checked.wait();
         st
     });
-    assert_eq!(
-        Crossing::registration().has_thread_cache_lane(),
-        lanes_expected()
-    );
+    assert!(Crossing::registration().has_thread_cache_lane());
     let total = THREADS * PER_THREAD;
     assert_eq!(while_held.live_blocks, start.live_blocks + total);
     assert_eq!(
@@ -202,10 +188,7 @@ fn a_budget_set_after_lane_use_starts_from_the_exact_live_figure() {
     // Blocks allocated through the lane on this thread and on another thread that stays
     // alive (its lane's bytes must reach the budget's figure too).
     let mine: Vec<_> = (0..100).map(|_| take(Budgeted, layout)).collect();
-    assert_eq!(
-        Budgeted::registration().has_thread_cache_lane(),
-        lanes_expected()
-    );
+    assert!(Budgeted::registration().has_thread_cache_lane());
     let (to_worker, from_main) = mpsc::channel::<()>();
     let (to_main, from_worker) = mpsc::channel::<Vec<Block>>();
     std::thread::scope(|s| {
@@ -262,10 +245,7 @@ fn a_budget_set_after_lane_use_starts_from_the_exact_live_figure() {
 fn records_turned_on_after_lane_use_see_new_blocks_and_counts_stay_exact() {
     let layout = Layout::from_size_align(48, 8).unwrap();
     let before: Vec<_> = (0..64).map(|_| take(Recorded, layout)).collect();
-    assert_eq!(
-        Recorded::registration().has_thread_cache_lane(),
-        lanes_expected()
-    );
+    assert!(Recorded::registration().has_thread_cache_lane());
     Recorded.set_records(RecordMode::Basic);
     let recorded: Vec<_> = (0..10).map(|_| take(Recorded, layout)).collect();
     let mut dump = Vec::new();
@@ -296,10 +276,7 @@ fn records_turned_on_after_lane_use_see_new_blocks_and_counts_stay_exact() {
 fn a_grandchild_lane_counts_in_its_parent_and_obeys_its_parents_budget() {
     let layout = Layout::from_size_align(128, 8).unwrap();
     let mine: Vec<_> = (0..40).map(|_| take(Kid, layout)).collect();
-    assert_eq!(
-        Kid::registration().has_thread_cache_lane(),
-        lanes_expected()
-    );
+    assert!(Kid::registration().has_thread_cache_lane());
     let g = granted(layout);
     assert_eq!(Kid.stats().live_granted_bytes, 40 * g);
     assert_eq!(
@@ -361,10 +338,7 @@ fn a_thread_that_exits_hands_its_lane_counts_on() {
             .unwrap()
         })
         .collect();
-    assert_eq!(
-        Leaver::registration().has_thread_cache_lane(),
-        lanes_expected()
-    );
+    assert!(Leaver::registration().has_thread_cache_lane());
     let st = Leaver.stats();
     let at = |size| Layout::from_size_align(size, 8).unwrap();
     let kept_granted = 20 * granted(layout) + 5 * granted(at(same)) + 5 * granted(at(other));

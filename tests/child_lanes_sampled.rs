@@ -19,12 +19,6 @@ tagalloc::allocator!(Sampled: child of SystemAllocator, "a lane while the System
 const SIZE: usize = 232;
 const BLOCKS: usize = 16_000;
 
-/// Whether children get lanes here: not with `TAGALLOC_THREAD_POINTER=off` (then the child's
-/// general path is sampled by the `SystemAllocator`'s own, and the same checks hold).
-fn lanes_expected() -> bool {
-    std::env::var("TAGALLOC_THREAD_POINTER").map_or(true, |v| v != "off")
-}
-
 /// The `SystemAllocator`'s sampled records of `SIZE`-byte requests: (count, estimated blocks).
 fn sampled_of_size() -> (usize, f64) {
     common::sampled_records_of_size(SIZE)
@@ -49,19 +43,13 @@ fn a_childs_lane_samples_for_the_system_allocator() {
     let layout = Layout::from_size_align(SIZE, 8).unwrap();
     // The first small allocation asks for the lane.
     free_all(vec![allocate(layout)], layout);
-    assert_eq!(
-        Sampled::registration().has_thread_cache_lane(),
-        lanes_expected()
-    );
+    assert!(Sampled::registration().has_thread_cache_lane());
 
     SystemAllocator::new().set_records(RecordMode::Sample {
         interval: 8192,
         frames: 0,
     });
-    assert_eq!(
-        Sampled::registration().thread_cache_lane_open(),
-        lanes_expected()
-    );
+    assert!(Sampled::registration().thread_cache_lane_open());
     let blocks: Vec<_> = (0..BLOCKS).map(|_| allocate(layout)).collect();
     let st = Sampled.stats();
     assert_eq!(st.live_blocks, BLOCKS);
@@ -90,10 +78,7 @@ fn a_childs_lane_samples_for_the_system_allocator() {
     let (count, _) = sampled_of_size();
     assert!(count > 200);
     SystemAllocator::new().set_records(RecordMode::Off);
-    assert_eq!(
-        Sampled::registration().thread_cache_lane_open(),
-        lanes_expected()
-    );
+    assert!(Sampled::registration().thread_cache_lane_open());
     let more: Vec<_> = (0..1000).map(|_| allocate(layout)).collect();
     assert_eq!(sampled_of_size().0, count, "nothing sampled while off");
     free_all(blocks, layout);

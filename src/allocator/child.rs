@@ -40,6 +40,7 @@ use crate::lanes;
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::Allocation;
+use crate::schema::hpha::Tag;
 use crate::schema::hpha::size_class::{class_size, fast_class, fast_class_size};
 use crate::stats::{Counters, Slot};
 use crate::system::{SystemAllocator, heap_granted};
@@ -108,6 +109,53 @@ pub unsafe trait BlockAllocator: Copy + Default + Send + Sync + 'static {
     /// # Safety
     /// As for [`deallocate_block`](Self::deallocate_block).
     unsafe fn granted_size(self, ptr: NonNull<u8>, layout: Layout) -> usize;
+
+    /// [`allocate_block`](Self::allocate_block) (or its zeroed form) for a child below
+    /// whose blocks carry `tag` (see `crate::allocator::lanes`): counted in this allocator's
+    /// figures, the block taken from that tag's heap at the bottom of the chain. Tag 0 is
+    /// a plain allocation. Only allocators with
+    /// [`THREAD_CACHE_LANES`](Self::THREAD_CACHE_LANES) are ever asked for a tag other than
+    /// 0; the default ignores it.
+    #[doc(hidden)]
+    fn allocate_block_tagged(self, layout: Layout, tag: Tag, zeroed: bool) -> Option<Allocation> {
+        let _ = tag;
+        if zeroed {
+            self.allocate_block_zeroed(layout)
+        } else {
+            self.allocate_block(layout)
+        }
+    }
+
+    /// [`deallocate_block`](Self::deallocate_block) of a block allocated with
+    /// [`allocate_block_tagged`](Self::allocate_block_tagged) and `tag`.
+    ///
+    /// # Safety
+    /// As for [`deallocate_block`](Self::deallocate_block).
+    #[doc(hidden)]
+    unsafe fn deallocate_block_tagged(self, ptr: NonNull<u8>, layout: Layout, tag: Tag) -> usize {
+        let _ = tag;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate_block(ptr, layout) }
+    }
+
+    /// [`reallocate_block`](Self::reallocate_block) of a block allocated with
+    /// [`allocate_block_tagged`](Self::allocate_block_tagged) and `tag`; a moved block
+    /// keeps the tag.
+    ///
+    /// # Safety
+    /// As for [`reallocate_block`](Self::reallocate_block).
+    #[doc(hidden)]
+    unsafe fn reallocate_block_tagged(
+        self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+        tag: Tag,
+    ) -> Option<(Allocation, usize)> {
+        let _ = tag;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.reallocate_block(ptr, layout, new_size) }
+    }
 }
 
 // SAFETY: the heap's blocks are valid, aligned and unaliased (GlobalAlloc's contract,
@@ -160,6 +208,100 @@ unsafe impl BlockAllocator for SystemAllocator {
         // SAFETY: forwarded from the caller: a live block of this heap with a fitting layout.
         unsafe { heap_granted(ptr, layout) }
     }
+
+    #[inline]
+    fn allocate_block_tagged(self, layout: Layout, tag: Tag, zeroed: bool) -> Option<Allocation> {
+        match (tag, zeroed) {
+            (0, false) => self.allocate_granted(layout),
+            (0, true) => self.allocate_granted_zeroed(layout),
+            _ => crate::system::allocate_for_tag(layout, tag, zeroed),
+        }
+    }
+
+    #[inline]
+    unsafe fn deallocate_block_tagged(self, ptr: NonNull<u8>, layout: Layout, tag: Tag) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if tag == 0 {
+                return self.deallocate_granted(ptr, layout);
+            }
+            crate::system::deallocate_for_tag(ptr, layout, tag)
+        }
+    }
+
+    #[inline]
+    unsafe fn reallocate_block_tagged(
+        self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+        tag: Tag,
+    ) -> Option<(Allocation, usize)> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if tag == 0 {
+                return self.reallocate_block(ptr, layout, new_size);
+            }
+            crate::system::reallocate_for_tag(ptr, layout, new_size, tag)
+        }
+    }
+}
+
+/// A child allocator's calls, reachable from its registry entry: what the global
+/// allocator calls for a scoped tag (see [`crate::scope`]), whose handle type it cannot
+/// name. Built by [`allocator!`](crate::allocator) for every child.
+#[doc(hidden)]
+pub struct ChildOps {
+    /// [`BlockAllocator::allocate_block_tagged`].
+    pub allocate: fn(Layout, Tag, bool) -> Option<Allocation>,
+    /// [`BlockAllocator::deallocate_block_tagged`].
+    pub deallocate: unsafe fn(NonNull<u8>, Layout, Tag) -> usize,
+    /// [`BlockAllocator::reallocate_block_tagged`].
+    pub reallocate: ReallocateTagged,
+}
+
+/// The type of [`ChildOps::reallocate`].
+#[doc(hidden)]
+pub type ReallocateTagged =
+    unsafe fn(NonNull<u8>, Layout, usize, Tag) -> Option<(Allocation, usize)>;
+
+impl ChildOps {
+    /// The calls of allocator `B`.
+    pub const fn of<B: BlockAllocator>() -> Self {
+        fn allocate<B: BlockAllocator>(
+            layout: Layout,
+            tag: Tag,
+            zeroed: bool,
+        ) -> Option<Allocation> {
+            B::INSTANCE.allocate_block_tagged(layout, tag, zeroed)
+        }
+        /// # Safety
+        /// As for [`BlockAllocator::deallocate_block_tagged`].
+        unsafe fn deallocate<B: BlockAllocator>(
+            ptr: NonNull<u8>,
+            layout: Layout,
+            tag: Tag,
+        ) -> usize {
+            // SAFETY: forwarded from the caller.
+            unsafe { B::INSTANCE.deallocate_block_tagged(ptr, layout, tag) }
+        }
+        /// # Safety
+        /// As for [`BlockAllocator::reallocate_block_tagged`].
+        unsafe fn reallocate<B: BlockAllocator>(
+            ptr: NonNull<u8>,
+            layout: Layout,
+            new_size: usize,
+            tag: Tag,
+        ) -> Option<(Allocation, usize)> {
+            // SAFETY: forwarded from the caller.
+            unsafe { B::INSTANCE.reallocate_block_tagged(ptr, layout, new_size, tag) }
+        }
+        Self {
+            allocate: allocate::<B>,
+            deallocate: deallocate::<B>,
+            reallocate: reallocate::<B>,
+        }
+    }
 }
 
 /// The child logic of handle `H`, whose parent is `P`. Handles declared with
@@ -208,29 +350,61 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
         self.registration().counters()
     }
 
+    /// The tag this child's blocks carry at the bottom of the chain (0: its parent's blocks,
+    /// for a child of an allocator without lanes, or one that found no tag left). A child of
+    /// the `SystemAllocator`'s chain claims its tag here, on its first block: every block it
+    /// hands out comes from its tag's heap, so a lane of the tag never holds another's.
+    #[inline(always)]
+    fn bottom_tag(&self) -> Tag {
+        if !P::THREAD_CACHE_LANES {
+            return 0;
+        }
+        match self.counters().tag() {
+            Some(tag) => tag,
+            None => self.claim_tag(),
+        }
+    }
+
+    /// [`bottom_tag`](Self::bottom_tag) before the child has one.
+    #[cold]
+    #[inline(never)]
+    fn claim_tag(self) -> Tag {
+        lanes::claim(self.registration());
+        self.counters().tag().unwrap_or(0)
+    }
+
+    /// The tag of this child's blocks once it has one (frees and resizes: no claim).
+    #[inline(always)]
+    fn own_tag(&self) -> Tag {
+        if !P::THREAD_CACHE_LANES {
+            return 0;
+        }
+        self.counters().tag().unwrap_or(0)
+    }
+
     /// Counts a block the parent just granted; refuses it (and gives it back) if that
     /// breaks an enforced budget.
     #[inline]
-    fn account(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
+    fn account(&self, block: Allocation, layout: Layout, tag: Tag) -> Option<Allocation> {
         let counters = self.counters();
         if counters.count_allocation(self.registration().budget(), block.size, layout.size()) {
             return Some(block);
         }
-        self.account_exact(block, layout)
+        self.account_exact(block, layout, tag)
     }
 
     /// [`account`](Self::account) with the shared atomics (a budget is set, or no shard);
     /// out of line, so the common path carries none of its code or register pressure.
     #[cold]
     #[inline(never)]
-    fn account_exact(&self, block: Allocation, layout: Layout) -> Option<Allocation> {
+    fn account_exact(&self, block: Allocation, layout: Layout, tag: Tag) -> Option<Allocation> {
         let counters = self.counters();
         let live = counters.add_granted(block.size);
         let settings = self.registration().budget().settings();
         if settings.exceeded_by(live) && !self.over_budget(settings, live, block.size, true) {
             counters.undo_granted(block.size);
-            // SAFETY: the parent just gave us this block for `layout`.
-            unsafe { self.parent.deallocate_block(block.ptr, layout) };
+            // SAFETY: the parent just gave us this block of `tag` for `layout`.
+            unsafe { self.parent.deallocate_block_tagged(block.ptr, layout, tag) };
             return None;
         }
         counters.commit_allocation(layout.size(), live);
@@ -349,9 +523,11 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// takes beyond those it shows (`records::stack::PLUMBING`).
     #[inline(always)]
     fn allocate_lane_missed(self, layout: Layout, class: usize) -> Option<Allocation> {
-        let lane = self.counters().lane_offset();
-        // SAFETY: as in `allocate`.
-        match unsafe { thread_cache::lane_allocate_missed(lane, class, layout, REQUESTED) } {
+        let Some(tag) = self.counters().tag() else {
+            return self.allocate_lane_refused(layout);
+        };
+        // SAFETY: the class is the layout's.
+        match unsafe { thread_cache::lane_allocate_missed(tag, class, layout, REQUESTED) } {
             Some(p) => NonNull::new(p).map(|ptr| Allocation {
                 ptr,
                 size: class_size(class),
@@ -360,17 +536,12 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
         }
     }
 
-    /// A small allocation its lane refused (no lane, or a closed one): the general path,
-    /// and the first time, a lane asked for. Out of line: the lane's refill above stays a
+    /// A small allocation its lane refused (no tag yet, or a closed lane): the general path
+    /// (whose first call claims the tag). Out of line: the lane's refill above stays a
     /// straight line, and a refused call (records on, a budget) pays one call more.
     #[inline(never)]
     fn allocate_lane_refused(self, layout: Layout) -> Option<Allocation> {
-        let counters = self.counters();
-        let block = self.allocate_general(layout);
-        if counters.lane_unclaimed() && thread_cache::lanes_reachable() {
-            lanes::claim(self.registration());
-        }
-        block
+        self.allocate_general(layout)
     }
 
     /// Allocates through the parent, counts the block and records it.
@@ -382,7 +553,7 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// first or last calls) takes a path kept out of line.
     #[inline(always)]
     fn allocate_general(&self, layout: Layout) -> Option<Allocation> {
-        self.allocate_counted(layout, false)
+        self.allocate_counted(layout, false, self.bottom_tag())
     }
 
     /// Zeroed allocation; see [`BlockAllocator::allocate_block_zeroed`]. A small request
@@ -405,26 +576,27 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// recorded call stack holds as many allocator frames either way.
     #[inline(never)]
     fn allocate_zeroed_general(self, layout: Layout) -> Option<Allocation> {
-        self.allocate_counted(layout, true)
+        self.allocate_counted(layout, true, self.bottom_tag())
     }
 
     /// [`allocate_general`](Self::allocate_general), zeroed or not (a constant at every
-    /// call, so each caller keeps only its own branch).
+    /// call, so each caller keeps only its own branch), for a block of `tag` (this child's
+    /// own, or a child's below it).
     #[inline(always)]
-    fn allocate_counted(&self, layout: Layout, zeroed: bool) -> Option<Allocation> {
+    fn allocate_counted(&self, layout: Layout, zeroed: bool, tag: Tag) -> Option<Allocation> {
         let counters = self.counters();
         let Some(slot) = counters.plain_slot() else {
             return match counters.recorded_slot() {
-                Some(slot) => self.allocate_recorded(layout, slot, zeroed),
-                None => self.allocate_slow(layout, zeroed),
+                Some(slot) => self.allocate_recorded(layout, slot, zeroed, tag),
+                None => self.allocate_slow(layout, zeroed, tag),
             };
         };
         if !thread_cache::shards_active() {
-            return self.allocate_unsharded(layout, zeroed);
+            return self.allocate_unsharded(layout, zeroed, tag);
         }
         // Checked before the parent's call, so that nothing but the requested size and the
         // slot has to outlive it: the cache cannot retire during the call.
-        let block = self.parent_allocate(layout, zeroed)?;
+        let block = self.parent_allocate(layout, zeroed, tag)?;
         counters.live_shard_allocate(slot, block.size, layout.size());
         Some(block)
     }
@@ -434,18 +606,25 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// [`account`](Self::account), which registers the cache or uses the shared atomics.
     #[cold]
     #[inline(never)]
-    fn allocate_unsharded(self, layout: Layout, zeroed: bool) -> Option<Allocation> {
-        let block = self.parent_allocate(layout, zeroed)?;
-        self.account_recorded(block, layout)
+    fn allocate_unsharded(self, layout: Layout, zeroed: bool, tag: Tag) -> Option<Allocation> {
+        let block = self.parent_allocate(layout, zeroed, tag)?;
+        self.account_recorded(block, layout, tag)
     }
 
-    /// The parent's allocation, zeroed or not.
+    /// The parent's allocation, zeroed or not, of a block of `tag`.
     #[inline(always)]
-    fn parent_allocate(&self, layout: Layout, zeroed: bool) -> Option<Allocation> {
-        if zeroed {
-            self.parent.allocate_block_zeroed(layout)
-        } else {
-            self.parent.allocate_block(layout)
+    fn parent_allocate(&self, layout: Layout, zeroed: bool, tag: Tag) -> Option<Allocation> {
+        self.parent.allocate_block_tagged(layout, tag, zeroed)
+    }
+
+    /// [`BlockAllocator::allocate_block_tagged`] for this child: a block of `tag` counted
+    /// here (tag 0: a plain allocation, which may take this child's own lane).
+    #[inline]
+    pub fn allocate_tagged(&self, layout: Layout, tag: Tag, zeroed: bool) -> Option<Allocation> {
+        match (tag, zeroed) {
+            (0, false) => self.allocate(layout),
+            (0, true) => self.allocate_zeroed(layout),
+            _ => self.allocate_counted(layout, zeroed, tag),
         }
     }
 
@@ -455,13 +634,19 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// from the general path, so a recorded call stack holds the same allocator frames on
     /// this path and on the slow one.
     #[inline(never)]
-    fn allocate_recorded(self, layout: Layout, slot: Slot, zeroed: bool) -> Option<Allocation> {
-        let block = self.parent_allocate(layout, zeroed)?;
+    fn allocate_recorded(
+        self,
+        layout: Layout,
+        slot: Slot,
+        zeroed: bool,
+        tag: Tag,
+    ) -> Option<Allocation> {
+        let block = self.parent_allocate(layout, zeroed, tag)?;
         if !self
             .counters()
             .shard_allocate(slot, block.size, layout.size())
         {
-            return self.account_recorded(block, layout);
+            return self.account_recorded(block, layout, tag);
         }
         records::after_alloc(self.registration(), block.ptr, layout, block.size);
         Some(block)
@@ -472,13 +657,13 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// atomics.
     #[cold]
     #[inline(never)]
-    fn allocate_slow(self, layout: Layout, zeroed: bool) -> Option<Allocation> {
+    fn allocate_slow(self, layout: Layout, zeroed: bool, tag: Tag) -> Option<Allocation> {
         self.registration().register();
         if self.refused_up_front(layout) {
             return None;
         }
-        let block = self.parent_allocate(layout, zeroed)?;
-        self.account_recorded(block, layout)
+        let block = self.parent_allocate(layout, zeroed, tag)?;
+        self.account_recorded(block, layout, tag)
     }
 
     /// Before the parent is asked for a block while a budget in
@@ -505,20 +690,20 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// Counts (see [`account`](Self::account)) and records a block the parent just granted.
     #[cold]
     #[inline(never)]
-    fn account_recorded(self, block: Allocation, layout: Layout) -> Option<Allocation> {
-        let block = self.account(block, layout)?;
+    fn account_recorded(self, block: Allocation, layout: Layout, tag: Tag) -> Option<Allocation> {
+        let block = self.account(block, layout, tag)?;
         records::after_alloc(self.registration(), block.ptr, layout, block.size);
         Some(block)
     }
 
     #[inline]
-    fn allocate_unrecorded(&self, layout: Layout) -> Option<Allocation> {
+    fn allocate_unrecorded(&self, layout: Layout, tag: Tag) -> Option<Allocation> {
         self.registration().register();
         if self.refused_up_front(layout) {
             return None;
         }
-        let block = self.parent.allocate_block(layout)?;
-        self.account(block, layout)
+        let block = self.parent_allocate(layout, false, tag)?;
+        self.account(block, layout, tag)
     }
 
     /// Frees through the parent (or into the child's lane) and uncounts the block;
@@ -612,15 +797,22 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     ) -> usize {
         // SAFETY: forwarded from the caller.
         unsafe {
-            let lane = self.counters().lane_offset();
-            if thread_cache::lane_free_missed(lane, ptr.as_ptr(), class, layout.size(), REQUESTED) {
+            if let Some(tag) = self.counters().tag()
+                && thread_cache::lane_free_missed(
+                    tag,
+                    ptr.as_ptr(),
+                    class,
+                    layout.size(),
+                    REQUESTED,
+                )
+            {
                 return class_size(class);
             }
             self.deallocate_lane_refused(ptr, layout)
         }
     }
 
-    /// A small free its lane refused (no lane, or a closed one): the general path, out of
+    /// A small free its lane refused (no tag, or a closed lane): the general path, out of
     /// line as [`allocate_lane_refused`](Self::allocate_lane_refused).
     ///
     /// # Safety
@@ -629,6 +821,22 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     unsafe fn deallocate_lane_refused(self, ptr: NonNull<u8>, layout: Layout) -> usize {
         // SAFETY: forwarded from the caller.
         unsafe { self.deallocate_general(ptr, layout) }
+    }
+
+    /// [`BlockAllocator::deallocate_block_tagged`] for this child: a block of `tag` freed
+    /// and uncounted here (tag 0: a plain free).
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`], the block allocated with `tag`.
+    #[inline]
+    pub unsafe fn deallocate_tagged(&self, ptr: NonNull<u8>, layout: Layout, tag: Tag) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if tag == 0 {
+                return self.deallocate(ptr, layout);
+            }
+            self.deallocate_counted(ptr, layout, tag)
+        }
     }
 
     /// Frees through the parent, uncounts the block and drops its record.
@@ -640,14 +848,25 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// As for [`BlockAllocator::deallocate_block`].
     #[inline(always)]
     unsafe fn deallocate_general(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        // SAFETY: forwarded from the caller; the block is of this child's own tag.
+        unsafe { self.deallocate_counted(ptr, layout, self.own_tag()) }
+    }
+
+    /// [`deallocate_general`](Self::deallocate_general) of a block of `tag` (this child's
+    /// own, or a child's below it).
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::deallocate_block`], the block allocated with `tag`.
+    #[inline(always)]
+    unsafe fn deallocate_counted(&self, ptr: NonNull<u8>, layout: Layout, tag: Tag) -> usize {
         let counters = self.counters();
         let Some(slot) = counters.plain_slot() else {
             // SAFETY: forwarded from the caller.
-            return unsafe { self.deallocate_flagged(ptr, layout) };
+            return unsafe { self.deallocate_flagged(ptr, layout, tag) };
         };
         if !thread_cache::shards_active() {
             // SAFETY: forwarded from the caller.
-            return unsafe { self.deallocate_unsharded(ptr, layout) };
+            return unsafe { self.deallocate_unsharded(ptr, layout, tag) };
         }
         if P::THREAD_CACHE_LANES {
             // The block is the heap's, its granted size the heap's whatever the chain of
@@ -657,13 +876,13 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
             let granted = unsafe { heap_granted(ptr, layout) };
             if !counters.live_shard_free_within(slot, granted, layout.size()) {
                 // SAFETY: forwarded from the caller.
-                return unsafe { self.deallocate_crossing(ptr, layout, slot, granted) };
+                return unsafe { self.deallocate_crossing(ptr, layout, slot, granted, tag) };
             }
             // SAFETY: forwarded from the caller.
-            return unsafe { self.parent.deallocate_block(ptr, layout) };
+            return unsafe { self.parent.deallocate_block_tagged(ptr, layout, tag) };
         }
         // SAFETY: forwarded from the caller.
-        let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
+        let granted = unsafe { self.parent.deallocate_block_tagged(ptr, layout, tag) };
         counters.live_shard_free(slot, granted, layout.size());
         granted
     }
@@ -682,9 +901,10 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
         layout: Layout,
         slot: Slot,
         granted: usize,
+        tag: Tag,
     ) -> usize {
         // SAFETY: forwarded from the caller.
-        let freed = unsafe { self.parent.deallocate_block(ptr, layout) };
+        let freed = unsafe { self.parent.deallocate_block_tagged(ptr, layout, tag) };
         self.counters().live_shard_free_crossing(slot, granted);
         freed
     }
@@ -696,9 +916,9 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// As for [`BlockAllocator::deallocate_block`].
     #[cold]
     #[inline(never)]
-    unsafe fn deallocate_unsharded(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+    unsafe fn deallocate_unsharded(self, ptr: NonNull<u8>, layout: Layout, tag: Tag) -> usize {
         // SAFETY: forwarded from the caller.
-        unsafe { self.deallocate_unrecorded(ptr, layout) }
+        unsafe { self.deallocate_unrecorded(ptr, layout, tag) }
     }
 
     /// [`deallocate_general`](Self::deallocate_general) when the route is not a plain
@@ -708,18 +928,18 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// # Safety
     /// As for [`BlockAllocator::deallocate_block`].
     #[inline(never)]
-    unsafe fn deallocate_flagged(self, ptr: NonNull<u8>, layout: Layout) -> usize {
+    unsafe fn deallocate_flagged(self, ptr: NonNull<u8>, layout: Layout, tag: Tag) -> usize {
         records::before_free(self.registration(), ptr);
         // SAFETY: forwarded from the caller.
-        unsafe { self.deallocate_unrecorded(ptr, layout) }
+        unsafe { self.deallocate_unrecorded(ptr, layout, tag) }
     }
 
     /// # Safety
-    /// As for [`BlockAllocator::deallocate_block`].
+    /// As for [`BlockAllocator::deallocate_block`], the block allocated with `tag`.
     #[inline(always)]
-    unsafe fn deallocate_unrecorded(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+    unsafe fn deallocate_unrecorded(&self, ptr: NonNull<u8>, layout: Layout, tag: Tag) -> usize {
         // SAFETY: forwarded from the caller.
-        let granted = unsafe { self.parent.deallocate_block(ptr, layout) };
+        let granted = unsafe { self.parent.deallocate_block_tagged(ptr, layout, tag) };
         // The contract keeps `layout.size()` within the granted size.
         let requested = layout.size();
         let counters = self.counters();
@@ -766,12 +986,49 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
                 return done;
             }
         }
+        // SAFETY: forwarded from the caller; the block is of this child's own tag.
+        unsafe { self.reallocate_counted(ptr, layout, new_size, self.own_tag()) }
+    }
+
+    /// [`BlockAllocator::reallocate_block_tagged`] for this child: a block of `tag` resized
+    /// and recounted here (tag 0: a plain resize).
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::reallocate_block`], the block allocated with `tag`.
+    #[inline]
+    pub unsafe fn reallocate_tagged(
+        &self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+        tag: Tag,
+    ) -> Option<(Allocation, usize)> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if tag == 0 {
+                return self.reallocate(ptr, layout, new_size);
+            }
+            self.reallocate_counted(ptr, layout, new_size, tag)
+        }
+    }
+
+    /// The general path of [`reallocate`](Self::reallocate) for a block of `tag`.
+    ///
+    /// # Safety
+    /// As for [`BlockAllocator::reallocate_block`], the block allocated with `tag`.
+    unsafe fn reallocate_counted(
+        &self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        new_size: usize,
+        tag: Tag,
+    ) -> Option<(Allocation, usize)> {
         // Already registered by the block's allocation; kept so that a slot is only ever
         // claimed by a registered child (what the fast path relies on).
         self.registration().register();
         let taken = records::before_realloc(self.registration(), ptr);
         // SAFETY: forwarded from the caller.
-        let result = unsafe { self.reallocate_unrecorded(ptr, layout, new_size) };
+        let result = unsafe { self.reallocate_unrecorded(ptr, layout, new_size, tag) };
         records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
         result
     }
@@ -796,8 +1053,7 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
         let old_class = fast_class(layout)?;
         let new_layout = Layout::from_size_align(new_size, layout.align()).ok()?;
         let new_class = fast_class(new_layout)?;
-        // SAFETY: the lane word is 0 or a lane's offset from the thread pointer.
-        let lane = unsafe { thread_cache::lane_for_resize(self.counters().lane_offset())? };
+        let lane = thread_cache::lane_for_resize(self.counters().tag()?)?;
         let old = fast_class_size(old_class);
         if old_class == new_class {
             lane.count_resize(layout.size(), new_size, false);
@@ -829,6 +1085,7 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
         ptr: NonNull<u8>,
         layout: Layout,
         new_size: usize,
+        tag: Tag,
     ) -> Option<(Allocation, usize)> {
         if new_size > layout.size()
             && self.registration().budget().settings().enforced()
@@ -836,18 +1093,21 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
             && new_size > unsafe { self.parent.granted_size(ptr, layout) }
         {
             let new_layout = Layout::from_size_align(new_size, layout.align()).ok()?;
-            let new = self.allocate_unrecorded(new_layout)?;
+            let new = self.allocate_unrecorded(new_layout, tag)?;
             // SAFETY: both blocks are live and distinct; the old one holds at least
             // `layout.size()` bytes, the new one more; the old one is then freed once.
             unsafe {
                 ptr.as_ptr()
                     .copy_to_nonoverlapping(new.ptr.as_ptr(), layout.size());
-                let old = self.deallocate_unrecorded(ptr, layout);
+                let old = self.deallocate_unrecorded(ptr, layout, tag);
                 return Some((new, old));
             }
         }
         // SAFETY: forwarded from the caller.
-        let (new, old) = unsafe { self.parent.reallocate_block(ptr, layout, new_size)? };
+        let (new, old) = unsafe {
+            self.parent
+                .reallocate_block_tagged(ptr, layout, new_size, tag)?
+        };
         let counters = self.counters();
         let budget = self.registration().budget();
         if counters.count_resize(budget, old, new.size, layout.size().min(old), new_size) {

@@ -14,6 +14,7 @@
 use super::fork;
 pub use super::fork::ForkLock;
 use crate::budget::{Budget, BudgetMode};
+use crate::child::ChildOps;
 use crate::os::OsAllocator;
 use crate::records::{self, RecordMode, RecordSettings};
 use crate::stats::{AllocatorStats, Counters};
@@ -86,6 +87,8 @@ pub struct Registration {
     /// False for a child declared with `requested_bytes: false`, which does not count the
     /// bytes callers request (see [`with_requested_bytes`](Self::with_requested_bytes)).
     keeps_requested: bool,
+    /// A child's calls, for the global allocator's scoped tags (see `crate::scope`).
+    child_ops: Option<&'static ChildOps>,
     next: AtomicPtr<Registration>,
     index: AtomicUsize,
     state: AtomicU8,
@@ -186,6 +189,7 @@ impl Registration {
             records: RecordSettings::new(),
             fork_lock: None,
             keeps_requested: true,
+            child_ops: None,
             next: AtomicPtr::new(ptr::null_mut()),
             index: AtomicUsize::new(usize::MAX),
             state: AtomicU8::new(UNREGISTERED),
@@ -219,6 +223,21 @@ impl Registration {
             },
             ..self
         }
+    }
+
+    /// This entry, for a child whose calls are `ops` (what [`allocator!`](crate::allocator)
+    /// gives every child), so that a scoped tag can route the global allocator's calls to it.
+    #[doc(hidden)]
+    pub const fn with_child_ops(self, ops: &'static ChildOps) -> Self {
+        Self {
+            child_ops: Some(ops),
+            ..self
+        }
+    }
+
+    /// A child's calls, if it was declared with them.
+    pub(crate) fn child_ops(&self) -> Option<&'static ChildOps> {
+        self.child_ops
     }
 
     /// Whether this allocator counts the bytes callers request (see
@@ -370,13 +389,15 @@ impl Registration {
         &self.counters
     }
 
-    /// Whether this allocator, a child of the [`SystemAllocator`], serves its small blocks
-    /// from a lane of its own in the thread caches: the first children to allocate get
-    /// one (up to a fixed number), and their small allocations and frees then cost about
-    /// what the `SystemAllocator`'s do. The lane steps aside while the child, or a child
-    /// above it, has a budget or records, or the `SystemAllocator` has records.
+    /// Whether this allocator, a child of the [`SystemAllocator`] (or of its children),
+    /// serves its small blocks from lanes of its own in the thread caches: every such child
+    /// gets a tag (up to [`MAX_TAGS`](crate::schema::hpha::MAX_TAGS)) before its first block,
+    /// and its small allocations and frees then cost about what the `SystemAllocator`'s do.
+    /// The lane steps aside while the child, or a child above it, has a budget or records,
+    /// or the `SystemAllocator` records every block; see
+    /// [`thread_cache_lane_open`](Self::thread_cache_lane_open).
     pub fn has_thread_cache_lane(&self) -> bool {
-        self.counters.lane_offset() != 0
+        self.counters.tag().is_some()
     }
 
     /// Whether this allocator has a lane of the thread caches (see

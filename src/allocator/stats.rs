@@ -76,9 +76,10 @@ pub(crate) use shard::{ShardSet, ShardSum};
 
 use crate::budget::Budget;
 use crate::lanes;
+use crate::schema::hpha::Tag;
 use crate::thread_cache;
 use core::sync::atomic::{
-    AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 
@@ -157,13 +158,15 @@ pub struct Counters {
     route: AtomicU32,
     /// Where the allocator's lane of the thread caches sits, as an offset from the thread
     /// pointer (the same in every thread; see `lanes`), for a child of the `SystemAllocator`
-    /// that has one; 0 otherwise.
+    /// whose lane is one of the few built into every cache; 0 otherwise.
     lane: AtomicUsize,
-    /// Whether a lane was asked for yet: [`LANE_UNCLAIMED`], [`LANE_OWNED`], [`LANE_NONE`].
-    lane_claim: AtomicU8,
-    /// The lanes whose blocks this allocator's figures include (bit `i`: lane `i`): its own
-    /// and those of the children below it.
-    lanes_below: AtomicU32,
+    /// The allocator's tag (see `lanes`): [`TAG_UNCLAIMED`] before it asked for one,
+    /// [`TAG_NONE`] if none was left, else the tag, which names its lane in every thread
+    /// cache and the heap segments its small blocks come from.
+    tag: AtomicU32,
+    /// Whether some lane's blocks are in this allocator's figures: its own, or those of a
+    /// child below it (`lanes::tags_below` says which).
+    lanes_below: AtomicBool,
     /// Live threads whose shard may hold back a free of a block bigger than
     /// [`HOLD_FREE_BYTES`](shard::HOLD_FREE_BYTES) (see [`Registry`] and the module docs).
     /// While this is not zero, a publication that would raise the peak first settles those
@@ -188,12 +191,11 @@ pub(crate) enum Registry<'a> {
     Settling,
 }
 
-/// [`Counters::lane_claim`]: no lane asked for yet.
-const LANE_UNCLAIMED: u8 = 0;
-/// [`Counters::lane_claim`]: the allocator owns the lane in [`Counters::lane`].
-const LANE_OWNED: u8 = 1;
-/// [`Counters::lane_claim`]: none was left; the allocator counts in shards.
-const LANE_NONE: u8 = 2;
+/// [`Counters::tag`]: no tag asked for yet.
+const TAG_UNCLAIMED: u32 = 0;
+/// [`Counters::tag`]: none was left; the allocator counts in shards, its blocks are its
+/// parent's.
+const TAG_NONE: u32 = u32::MAX;
 
 /// The slot bits of [`Counters::route`].
 const SLOT_MASK: u32 = 0xFFFF;
@@ -297,8 +299,8 @@ impl Counters {
             budget_failures: AtomicU64::new(0),
             route: AtomicU32::new(UNSET),
             lane: AtomicUsize::new(0),
-            lane_claim: AtomicU8::new(LANE_UNCLAIMED),
-            lanes_below: AtomicU32::new(0),
+            tag: AtomicU32::new(TAG_UNCLAIMED),
+            lanes_below: AtomicBool::new(false),
             big_holders: AtomicU32::new(0),
             requested_unknown: AtomicBool::new(false),
         }
@@ -327,28 +329,33 @@ impl Counters {
         self.lane.load(Relaxed)
     }
 
-    /// Whether the allocator has not asked for a lane yet.
+    /// Whether the allocator has not asked for a tag yet.
     #[inline]
-    pub(crate) fn lane_unclaimed(&self) -> bool {
-        self.lane_claim.load(Acquire) == LANE_UNCLAIMED
+    pub(crate) fn tag_unclaimed(&self) -> bool {
+        self.tag.load(Acquire) == TAG_UNCLAIMED
     }
 
-    /// Records the outcome of asking for a lane (under the thread registry's lock).
-    pub(crate) fn set_lane(&self, offset: Option<usize>) {
-        if let Some(offset) = offset {
+    /// The allocator's tag, once it has one.
+    #[inline]
+    pub(crate) fn tag(&self) -> Option<Tag> {
+        match self.tag.load(Acquire) {
+            TAG_UNCLAIMED | TAG_NONE => None,
+            tag => Some(tag as Tag),
+        }
+    }
+
+    /// Records the outcome of asking for a tag (under the thread registry's lock): the tag,
+    /// and the offset of its lane from the thread pointer if it is built into every cache.
+    pub(crate) fn set_tag(&self, tag: Option<Tag>, lane_offset: Option<usize>) {
+        if let Some(offset) = lane_offset {
             self.lane.store(offset, Relaxed);
         }
-        let claim = if offset.is_some() {
-            LANE_OWNED
-        } else {
-            LANE_NONE
-        };
-        self.lane_claim.store(claim, Release);
+        self.tag.store(tag.map_or(TAG_NONE, u32::from), Release);
     }
 
-    /// Includes lane `index` in this allocator's figures from now on.
-    pub(crate) fn add_lane_below(&self, index: usize) {
-        self.lanes_below.fetch_or(1 << index, Relaxed);
+    /// Includes a lane in this allocator's figures from now on (its own, or a child's).
+    pub(crate) fn add_lane_below(&self) {
+        self.lanes_below.store(true, Relaxed);
     }
 
     // ---- The sharded path (children, in the common case) ----
@@ -641,7 +648,9 @@ impl Counters {
         if route & EXACT == 0 {
             // The lanes below are closed while the budget is set (see `lanes::refresh`):
             // what they hold moves into the shared figure once.
-            lanes::publish_all(&threads, self.lanes_below.load(Relaxed));
+            if self.lanes_below.load(Relaxed) {
+                lanes::publish_all(&threads, &lanes::tags_below(self));
+            }
         }
         let slot = slot_of(route & SLOT_MASK);
         if route & EXACT == 0 && slot < SLOTS {
@@ -833,7 +842,7 @@ impl Counters {
         let lanes_below = self.lanes_below.load(Acquire);
         // The shared figures are read under the same lock as the shards and lanes, so no
         // exiting thread moves its counts from one to the other between the reads.
-        let threads = (slot < SLOTS || lanes_below != 0).then(thread_cache::lock_threads);
+        let threads = (slot < SLOTS || lanes_below).then(thread_cache::lock_threads);
         // Frees are read before allocations, so a block allocated and freed between the two
         // reads never makes `live_blocks` negative (within one thread's counts).
         let frees = self.frees.load(Relaxed);
@@ -848,7 +857,9 @@ impl Counters {
             if slot < SLOTS {
                 threads.for_each_shards(|set| set.add_slot_to(slot, &mut sum));
             }
-            lanes::add_to(threads, lanes_below, &mut sum);
+            if lanes_below {
+                lanes::add_to(threads, &lanes::tags_below(self), &mut sum);
+            }
         }
         drop(threads);
         let frees = frees + sum.frees;

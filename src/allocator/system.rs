@@ -4,13 +4,15 @@
 //! built in a `const` context, so it works from the first allocation before `main` to the
 //! last one during exit, from any thread, with no lazy initialisation.
 
+use crate::lanes;
 use crate::records;
 use crate::registry::SYSTEM;
 use crate::schema::Allocation;
 use crate::schema::HphaStats;
+use crate::schema::hpha::Tag;
 use crate::schema::hpha::large::{LargeGrant, LargeHeap};
 use crate::schema::hpha::size_class::{class_for, class_size, fast_class, fast_class_size};
-use crate::thread_cache::{self, CacheRef, HEAP, HOOK_ALLOC, HOOK_FREE, SampleCharge};
+use crate::thread_cache::{self, CacheRef, HEAP, HOOK_ALLOC, HOOK_FREE, HOOK_TAGS, SampleCharge};
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
@@ -102,7 +104,7 @@ impl SystemAllocator {
     #[inline(always)]
     pub(crate) fn allocate_granted(&self, layout: Layout) -> Option<Allocation> {
         if let Some(class) = fast_class(layout) {
-            let ptr = thread_cache::allocate_gated(class, layout, alloc_small_missed);
+            let ptr = thread_cache::allocate_gated::<false>(class, layout, alloc_small_missed);
             let size = fast_class_size(class);
             return NonNull::new(ptr).map(|ptr| Allocation { ptr, size });
         }
@@ -175,19 +177,25 @@ impl SystemAllocator {
 // `realloc` keeps contents and alignment. Nothing here unwinds: misuse aborts with a message.
 // With records on (the thread cache's mirror of the records word tells the small paths, one
 // relaxed load of the word the others), each call records around the same plain operation.
+// Inside a scoped tag, allocations are the tag's child's (its lane, or its own paths), and a
+// block of a tag (its segment, or its header, says which) goes back through that child.
 unsafe impl GlobalAlloc for SystemAllocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // Small requests: the thread cache's own mirror of the records settings says whether
         // to step aside, so records off cost one test of a TLS byte and no static.
         if let Some(class) = fast_class(layout) {
-            return thread_cache::allocate_gated(class, layout, alloc_small_missed);
+            return thread_cache::allocate_gated::<true>(class, layout, alloc_small_scoped);
         }
-        alloc_slow(layout)
+        alloc_large_scoped(layout)
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let tag = thread_cache::current_tag();
+        if tag != 0 {
+            return scoped_general(layout, tag, true);
+        }
         if records::global::alloc_hooked() {
             // SAFETY: as in `alloc`.
             return unsafe { records::global::alloc(layout, alloc_zeroed_plain) };
@@ -203,18 +211,150 @@ unsafe impl GlobalAlloc for SystemAllocator {
             if let Some(class) = fast_class(layout) {
                 return thread_cache::free_gated(ptr, class, layout, dealloc_small_missed);
             }
-            dealloc_slow(ptr, layout)
+            dealloc_large_scoped(ptr, layout)
         }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: GlobalAlloc's contract, forwarded.
         unsafe {
+            if thread_cache::tags_in_use() {
+                let tag = HEAP.tag_of(NonNull::new_unchecked(ptr), layout);
+                if tag != 0 {
+                    return scoped_realloc(ptr, layout, new_size, tag);
+                }
+            }
             if records::global::free_hooked() {
                 return records::global::realloc(ptr, layout, new_size, realloc_plain);
             }
             realloc_plain(ptr, layout, new_size)
         }
+    }
+}
+
+// ---- Scoped tags: the global allocator's calls while a tag is entered (see `scope`). ----
+
+/// The child that owns `tag`, whose paths serve a scoped call.
+fn scoped_owner(tag: Tag) -> &'static crate::child::ChildOps {
+    match lanes::owner(tag).and_then(|r| r.child_ops()) {
+        Some(ops) => ops,
+        None => crate::fatal::fatal!("tagalloc: tag {} has no child allocator", tag),
+    }
+}
+
+/// A scoped allocation through the tag's child: its own path (lane or general), counted
+/// and budgeted and recorded as a call through its handle.
+#[inline(never)]
+fn scoped_general(layout: Layout, tag: Tag, zeroed: bool) -> *mut u8 {
+    (scoped_owner(tag).allocate)(layout, 0, zeroed).map_or(ptr::null_mut(), |b| b.ptr.as_ptr())
+}
+
+/// A free of a block of `tag` through the tag's child.
+///
+/// # Safety
+/// `ptr` is a live block of `tag` allocated with `layout`.
+#[inline(never)]
+unsafe fn scoped_free(ptr: *mut u8, layout: Layout, tag: Tag) {
+    // SAFETY: forwarded from the caller: the child's block (a scoped allocation of it).
+    unsafe { (scoped_owner(tag).deallocate)(NonNull::new_unchecked(ptr), layout, 0) };
+}
+
+/// A `realloc` of a block of `tag` through the tag's child: the block keeps its tag.
+///
+/// # Safety
+/// `GlobalAlloc::realloc`'s contract, for a block of `tag`.
+#[inline(never)]
+unsafe fn scoped_realloc(ptr: *mut u8, layout: Layout, new_size: usize, tag: Tag) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        (scoped_owner(tag).reallocate)(NonNull::new_unchecked(ptr), layout, new_size, 0)
+            .map_or(ptr::null_mut(), |(b, _)| b.ptr.as_ptr())
+    }
+}
+
+/// The global allocator's small miss path: the scoped tag's, if one is entered, else the
+/// `SystemAllocator`'s ([`alloc_small_missed`]). No calls but tail calls.
+#[inline(never)]
+fn alloc_small_scoped(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
+    let tag = if tc.is_null() {
+        thread_cache::current_tag()
+    } else {
+        // SAFETY: the fast path passes this thread's cache.
+        unsafe { thread_cache::current_tag_of(tc) }
+    };
+    if tag != 0 {
+        return alloc_small_in_scope(size, align, class, tag);
+    }
+    alloc_small_missed(size, align, class, tc)
+}
+
+/// A scoped small allocation the fast path missed: the tag's lane (refilled, set up, or
+/// sampling), else the tag's child.
+#[inline(never)]
+fn alloc_small_in_scope(size: usize, align: usize, class: usize, tag: Tag) -> *mut u8 {
+    // SAFETY: the fast path had a valid layout with this size and alignment.
+    let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
+    // SAFETY: `class` is the layout's.
+    let lane =
+        thread_cache::with_cache(|tc| unsafe { thread_cache::scoped_allocate(tc, class, layout) });
+    match lane {
+        Some(p) => p,
+        None => scoped_general(layout, tag, false),
+    }
+}
+
+/// The global allocator's large allocation: the scoped tag's child's, if one is entered.
+#[inline(never)]
+fn alloc_large_scoped(layout: Layout) -> *mut u8 {
+    let tag = thread_cache::current_tag();
+    if tag != 0 {
+        return scoped_general(layout, tag, false);
+    }
+    alloc_slow(layout)
+}
+
+/// The global allocator's free of a large block: through its tag's child if it has one.
+///
+/// # Safety
+/// `ptr` is a live large block of this allocator with `layout`.
+#[inline(never)]
+unsafe fn dealloc_large_scoped(ptr: *mut u8, layout: Layout) {
+    // SAFETY: forwarded from the caller: a live large block has a header.
+    unsafe {
+        if thread_cache::tags_in_use() {
+            let tag = LargeHeap::tag_of(ptr);
+            if tag != 0 {
+                return scoped_free(ptr, layout, tag);
+            }
+        }
+        dealloc_slow(ptr, layout)
+    }
+}
+
+/// A free of a small block that may be a tag's (tags are in use): its lane on this thread,
+/// else its child's paths; `false` for a block of tag 0.
+///
+/// # Safety
+/// `ptr` is a live small block of `class` allocated with a size of `size` (or up to the
+/// granted one) and alignment `align`; `tc` is this thread's cache.
+#[inline(always)]
+unsafe fn free_if_tagged(
+    ptr: *mut u8,
+    size: usize,
+    align: usize,
+    class: usize,
+    tc: &thread_cache::ThreadCache,
+) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let tag = thread_cache::small_block_tag(ptr);
+        if tag == 0 {
+            return false;
+        }
+        if !thread_cache::tag_free(tc, tag, ptr, class, size) {
+            scoped_free(ptr, Layout::from_size_align_unchecked(size, align), tag);
+        }
+        true
     }
 }
 
@@ -388,8 +528,12 @@ unsafe fn dealloc_small_missed(
         if tc.is_null() {
             return dealloc_small_tls(ptr, size, align, class);
         }
+        let hooks = thread_cache::hooks_of(tc);
+        if hooks & HOOK_TAGS != 0 && free_if_tagged(ptr, size, align, class, &*tc) {
+            return;
+        }
         // Records of any block first: `free_filtered` would refuse the block for them too.
-        if thread_cache::hooks_of(tc) & HOOK_FREE != 0 {
+        if hooks & HOOK_FREE != 0 {
             // Records of any block may exist: remove this one's (before the block can be
             // reused), then free it to the cache all the same. A record in this thread's
             // buffer leaves without a call; the rest goes out of line, as a tail call.
@@ -399,7 +543,7 @@ unsafe fn dealloc_small_missed(
             }
             return dealloc_small_recorded(ptr, class, tc, forgotten);
         }
-        if thread_cache::free_filtered(tc, ptr, class) {
+        if thread_cache::free_untagged(tc, ptr, class) {
             return;
         }
         dealloc_slow(ptr, Layout::from_size_align_unchecked(size, align))
@@ -433,6 +577,11 @@ unsafe fn dealloc_small_recorded(ptr: *mut u8, class: usize, tc: CacheRef, forgo
 unsafe fn dealloc_small_tls(ptr: *mut u8, size: usize, align: usize, class: usize) {
     // SAFETY: as in `dealloc_small_missed`.
     unsafe {
+        if thread_cache::tags_in_use()
+            && thread_cache::with_cache(|tc| free_if_tagged(ptr, size, align, class, tc))
+        {
+            return;
+        }
         if thread_cache::free_filtered_tls(ptr, class) {
             return;
         }
@@ -572,9 +721,13 @@ fn alloc_any(layout: Layout) -> *mut u8 {
 
 /// A block from the large heap (then a purge pass if one is due).
 fn allocate_large(layout: Layout) -> Option<LargeGrant> {
-    let grant =
-        HEAP.large_heap()
-            .allocate(layout.size(), layout.align(), 0, HEAP.source(), HEAP.stamp());
+    let grant = HEAP.large_heap().allocate(
+        layout.size(),
+        layout.align(),
+        0,
+        HEAP.source(),
+        HEAP.stamp(),
+    );
     HEAP.after_slow_path();
     grant
 }
@@ -596,4 +749,168 @@ unsafe fn dealloc_any(ptr: *mut u8, layout: Layout) {
             }
         }
     }
+}
+
+// ---- The bottom of a tagged child's general path: blocks of a tag, without a lane. ----
+
+/// A block of `tag` (not 0) for `layout`, zeroed or not, counted in the `SystemAllocator`'s
+/// figures and recorded if it records: the bottom of a child's general path (a child whose
+/// lane is closed, or a large block). Small blocks come from the tag's heap, large ones
+/// carry the tag in their header, so a free through the global allocator finds the child.
+pub(crate) fn allocate_for_tag(layout: Layout, tag: Tag, zeroed: bool) -> Option<Allocation> {
+    let block = allocate_for_tag_unrecorded(layout, tag, zeroed)?;
+    records::after_alloc(&SYSTEM, block.ptr, layout, block.size);
+    Some(block)
+}
+
+/// [`allocate_for_tag`] without records.
+fn allocate_for_tag_unrecorded(layout: Layout, tag: Tag, zeroed: bool) -> Option<Allocation> {
+    thread_cache::apply_environment_once();
+    match class_for(layout.size(), layout.align()) {
+        Some(class) => {
+            let p = HEAP.small_heap_of(tag)?.allocate(class, HEAP.source());
+            HEAP.after_slow_path();
+            let ptr = NonNull::new(p)?;
+            thread_cache::count_unlaned(class, true);
+            let size = class_size(class);
+            if zeroed {
+                // SAFETY: the block is ours and `size` bytes long.
+                unsafe { ptr.as_ptr().write_bytes(0, size) };
+            }
+            Some(Allocation { ptr, size })
+        }
+        None => {
+            let grant = HEAP.large_heap().allocate(
+                layout.size(),
+                layout.align(),
+                tag,
+                HEAP.source(),
+                HEAP.stamp(),
+            );
+            HEAP.after_slow_path();
+            let grant = grant?;
+            if zeroed {
+                // SAFETY: past `dirty_prefix` (at most the block's size) it reads as zero.
+                unsafe { grant.ptr.write_bytes(0, grant.dirty_prefix) };
+            }
+            Some(Allocation {
+                // SAFETY: a grant's pointer is never null.
+                ptr: unsafe { NonNull::new_unchecked(grant.ptr) },
+                size: grant.size,
+            })
+        }
+    }
+}
+
+/// Frees a block that [`allocate_for_tag`] (or the lane of `tag`) handed out; returns its
+/// granted size.
+///
+/// # Safety
+/// `ptr` is a live block of `tag` allocated with `layout` (or a size up to the granted one,
+/// at the same alignment).
+pub(crate) unsafe fn deallocate_for_tag(ptr: NonNull<u8>, layout: Layout, tag: Tag) -> usize {
+    records::before_free(&SYSTEM, ptr);
+    // SAFETY: forwarded from the caller.
+    unsafe { deallocate_for_tag_unrecorded(ptr, layout, tag) }
+}
+
+/// [`deallocate_for_tag`] without records.
+///
+/// # Safety
+/// As for [`deallocate_for_tag`].
+unsafe fn deallocate_for_tag_unrecorded(ptr: NonNull<u8>, layout: Layout, tag: Tag) -> usize {
+    // SAFETY: forwarded from the caller: a live block of `tag`, whose heap exists.
+    unsafe {
+        match class_for(layout.size(), layout.align()) {
+            Some(class) => {
+                let Some(small) = HEAP.small_heap_of(tag) else {
+                    crate::fatal::fatal!("free of {:p}: tag {} has no heap", ptr.as_ptr(), tag)
+                };
+                small.free(ptr.as_ptr(), class, HEAP.stamp());
+                HEAP.after_slow_path();
+                thread_cache::count_unlaned(class, false);
+                class_size(class)
+            }
+            None => {
+                let granted = LargeHeap::usable_size(ptr.as_ptr());
+                HEAP.large_heap().free(
+                    ptr.as_ptr(),
+                    HEAP.source(),
+                    HEAP.stamp(),
+                    HEAP.retain_empty(),
+                );
+                HEAP.after_slow_path();
+                granted
+            }
+        }
+    }
+}
+
+/// Resizes a block of `tag` (see [`allocate_for_tag`]): in place when its class stays or
+/// its large block can, else moved to a new block of the same tag. Returns the block and
+/// the old one's granted size; `None` leaves the old block untouched.
+///
+/// # Safety
+/// As for [`deallocate_for_tag`]; `new_size` at the block's alignment is a valid layout.
+pub(crate) unsafe fn reallocate_for_tag(
+    ptr: NonNull<u8>,
+    layout: Layout,
+    new_size: usize,
+    tag: Tag,
+) -> Option<(Allocation, usize)> {
+    let taken = records::before_realloc(&SYSTEM, ptr);
+    // SAFETY: forwarded from the caller.
+    let result = unsafe { reallocate_for_tag_unrecorded(ptr, layout, new_size, tag) };
+    records::after_realloc(taken, result.map(|(b, _)| (b.ptr, b.size)), new_size);
+    result
+}
+
+/// [`reallocate_for_tag`] without records.
+///
+/// # Safety
+/// As for [`reallocate_for_tag`].
+unsafe fn reallocate_for_tag_unrecorded(
+    ptr: NonNull<u8>,
+    layout: Layout,
+    new_size: usize,
+    tag: Tag,
+) -> Option<(Allocation, usize)> {
+    let align = layout.align();
+    // SAFETY: forwarded from the caller.
+    let old = unsafe { heap_granted(ptr, layout) };
+    match (class_for(layout.size(), align), class_for(new_size, align)) {
+        (Some(a), Some(b)) if a == b => {
+            return Some((
+                Allocation {
+                    ptr,
+                    size: class_size(a),
+                },
+                old,
+            ));
+        }
+        (None, None) => {
+            // SAFETY: a live large block with this alignment; a resize keeps its tag.
+            let resized = unsafe {
+                HEAP.large_heap()
+                    .resize(ptr.as_ptr(), new_size, align, HEAP.source(), HEAP.stamp())
+            };
+            HEAP.after_slow_path();
+            if let Some((p, size)) = resized {
+                // SAFETY: a resize never returns null.
+                let ptr = unsafe { NonNull::new_unchecked(p) };
+                return Some((Allocation { ptr, size }, old));
+            }
+        }
+        _ => {}
+    }
+    let new_layout = Layout::from_size_align(new_size, align).ok()?;
+    let new = allocate_for_tag_unrecorded(new_layout, tag, false)?;
+    // SAFETY: both blocks are live and distinct, each at least as long as what is copied;
+    // the old one is then freed once.
+    unsafe {
+        ptr.as_ptr()
+            .copy_to_nonoverlapping(new.ptr.as_ptr(), layout.size().min(new_size));
+        deallocate_for_tag_unrecorded(ptr, layout, tag);
+    }
+    Some((new, old))
 }

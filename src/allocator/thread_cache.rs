@@ -26,8 +26,10 @@
 //! walk the same registry, and retiring a cache moves its shards' counts into the shared
 //! counters.
 
+mod dynamic;
 mod lane;
 
+use dynamic::{DynamicLanes, LanePool};
 pub(crate) use lane::Lane;
 use lane::{CLOSED, OPEN, bin_limit, freeing_limit};
 
@@ -37,8 +39,9 @@ use crate::os::OsAllocator;
 use crate::records;
 use crate::registry::SYSTEM;
 use crate::schema::HphaSchema;
+use crate::schema::hpha::Tag;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
-use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
+use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated, segment_tag};
 use crate::stats::{Registry, ShardSet};
 use crate::sync::{OnceFlag, TicketGuard, TicketLock};
 use core::alloc::Layout;
@@ -75,6 +78,10 @@ pub(crate) const HOOK_FREE_SAMPLED: u8 = 8;
 /// A child's lane that is closed (see `lanes::gate`): with [`HOOK_FREE`], every call takes
 /// the child's general path.
 pub(crate) const HOOK_CLOSED: u8 = 16;
+/// Lane 0 only: a scoped tag was entered somewhere in the process, so a small block freed
+/// through the global allocator may be a tag's: the free fast path leaves lane 0 for the
+/// miss path, which reads the block's segment tag (see `crate::scope`). Never cleared.
+pub(crate) const HOOK_TAGS: u8 = 32;
 /// A cache that is new or dead sends everything down the general path, which checks the
 /// settings word itself and registers the cache.
 const HOOKS_UNREGISTERED: u8 = HOOK_ALLOC | HOOK_FREE;
@@ -152,12 +159,21 @@ pub(crate) const CHILD_LANES: usize = 7;
 /// registry lock, its links and its child lanes' gates.
 #[repr(C)]
 pub(crate) struct ThreadCache {
-    /// Lane 0 is the `SystemAllocator`'s; see [`Lane`] and `crate::allocator::lanes`.
+    /// Lane 0 is the `SystemAllocator`'s, lane `i` (up to [`CHILD_LANES`]) tag `i`'s; see
+    /// [`Lane`] and `crate::allocator::lanes`.
     lanes: [Lane; LANES],
+    /// The lane the global allocator's small fast path takes blocks from: lane 0, or the
+    /// lane of the scoped tag entered on this thread once it is set up here (until then, and
+    /// before the cache registers, a lane that serves nothing, so the fast path misses).
+    current: Cell<*const Lane>,
+    /// The scoped tag entered on this thread (0: none; see `crate::scope`).
+    current_tag: Cell<Tag>,
     /// The lanes this thread has opened (bit `i`: lane `i`; lane 0 always): a child lane is
     /// set up on the thread's first call through it, so a thread pays (at registration, exit,
     /// flushes and snapshots) only for the lanes it uses. Changed under the registry lock.
     lanes_used: AtomicU32,
+    /// Lanes of the tags past the built-in ones, made on this thread's first use of each.
+    dynamic: DynamicLanes,
     /// The owner's generator for sample countdowns (0 until seeded).
     sample_rng: Cell<u64>,
     /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`).
@@ -176,7 +192,10 @@ impl ThreadCache {
     const fn new() -> Self {
         Self {
             lanes: [const { Lane::new(HOOKS_UNREGISTERED) }; LANES],
+            current: Cell::new(ptr::addr_of!(IDLE_LANE.0)),
+            current_tag: Cell::new(0),
             lanes_used: AtomicU32::new(1),
+            dynamic: DynamicLanes::new(),
             sample_rng: Cell::new(0),
             shards: ShardSet::new(),
             state: Cell::new(STATE_NEW),
@@ -191,18 +210,27 @@ impl ThreadCache {
         &self.lanes[0]
     }
 
-    /// The index of `lane`, one of this cache's lanes.
-    fn lane_index(&self, lane: &Lane) -> usize {
-        (ptr::from_ref(lane).addr() - ptr::from_ref(&self.lanes[0]).addr()) / size_of::<Lane>()
-    }
-
-    /// The lanes this thread uses, with their indices (lane 0 first).
-    fn used_lanes(&self) -> impl Iterator<Item = (usize, &Lane)> {
+    /// The lanes this thread uses, with their tags (lane 0 first, then the built-in child
+    /// lanes, then those made on demand).
+    fn used_lanes(&self) -> impl Iterator<Item = (Tag, &Lane)> {
         let used = self.lanes_used.load(Relaxed);
-        self.lanes
+        let built_in = self
+            .lanes
             .iter()
             .enumerate()
             .filter(move |(index, _)| used & (1 << index) != 0)
+            .map(|(index, lane)| (index as Tag, lane));
+        built_in.chain(self.dynamic.iter().map(|lane| (lane.tag(), lane)))
+    }
+
+    /// This thread's lane of `tag` if it is set up (lane 0 always is).
+    #[inline]
+    fn lane_of(&self, tag: Tag) -> Option<&Lane> {
+        let index = usize::from(tag);
+        if index < LANES {
+            return (self.lanes_used.load(Relaxed) & (1 << index) != 0).then(|| &self.lanes[index]);
+        }
+        self.dynamic.get(tag)
     }
 
     /// Moves this cache's counts into the orphan counters and zeroes them (every lane's
@@ -255,7 +283,7 @@ impl ThreadCache {
     #[cold]
     #[inline(never)]
     unsafe fn allocate_slow(&self, lane: &Lane, class: usize) -> *mut u8 {
-        let small = HEAP.small_heap();
+        let small = lane.heap();
         match self.state.get() {
             STATE_DEAD => {
                 let p = small.allocate(class, HEAP.source());
@@ -334,7 +362,7 @@ impl ThreadCache {
     #[cold]
     #[inline(never)]
     fn publish_own_lane(&self, lane: &Lane) {
-        lanes::publish_lane(self.lane_index(lane), lane, Registry::Unlocked);
+        lanes::publish_lane(lane.tag(), lane, Registry::Unlocked);
         // SAFETY: called by the owner, on its slow path.
         unsafe { lane.published_all() };
     }
@@ -367,7 +395,7 @@ impl ThreadCache {
         }
         if self.state.get() == STATE_DEAD {
             // SAFETY: the block was checked by `free` and is now free and ours.
-            unsafe { HEAP.small_heap().return_slots(class, slot, 1, HEAP.stamp()) };
+            unsafe { lane.heap().return_slots(class, slot, 1, HEAP.stamp()) };
             HEAP.after_slow_path();
             ORPHANS.shared_free(class);
             return;
@@ -394,7 +422,7 @@ impl ThreadCache {
                 bin.head = (*last).next;
                 (*last).next = null_mut();
                 lane.set_count(class, count - give);
-                HEAP.small_heap()
+                lane.heap()
                     .return_slots(class, first, give as usize, HEAP.stamp());
                 HEAP.after_slow_path();
             }
@@ -447,16 +475,19 @@ impl ThreadCache {
         list.head = me;
         list.count += 1;
         // Read under the registry lock: a change of the word made before this is seen here,
-        // one made after it is propagated to this cache by `system_records_changed`.
-        let hooks = records::global::thread_hooks();
+        // one made after it is propagated to this cache by `system_records_changed` (and
+        // `enable_tags`).
+        let hooks = lane0_hooks();
         self.system().hooks.store(hooks, Relaxed);
         for slot in &self.system().slots {
             slot.open_until
                 .store(Self::initial_open_until(hooks), Relaxed);
         }
         // Child lanes stay closed until the thread's first call through each (see
-        // `open_lane`).
+        // `set_up_lane`).
         self.state.set(STATE_ACTIVE);
+        self.current
+            .set(self.lane_for_scope(self.current_tag.get()));
         drop(list);
         super::thread_pointer::learn(me.addr());
     }
@@ -471,8 +502,8 @@ impl ThreadCache {
         // SAFETY: forwarded from the caller.
         unsafe { self.flush_all() };
         self.state.set(STATE_DEAD);
-        for (index, lane) in self.used_lanes().skip(1) {
-            lanes::absorb(index, lane, list);
+        for (tag, lane) in self.used_lanes().skip(1) {
+            lanes::absorb(tag, lane, list);
         }
         self.move_counts_to_orphans();
         for (_, lane) in self.used_lanes() {
@@ -481,6 +512,12 @@ impl ThreadCache {
             // SAFETY: as above. The counts are zero now and the bins empty.
             unsafe { lane.shut() };
         }
+        // Lanes made on demand go back to the pool for other threads; from now on a scoped
+        // call of this thread takes its tag's general path (see `lane_for_scope`).
+        self.current.set(&self.lanes[0]);
+        self.lanes_used.store(1, Relaxed);
+        // SAFETY: under the registry lock; the lanes are flushed, absorbed and shut.
+        unsafe { self.dynamic.release_all(list) };
         self.shards.retire(list);
         let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
         // SAFETY: neighbours are registered caches, valid under the registry lock.
@@ -499,32 +536,87 @@ impl ThreadCache {
 }
 
 impl ThreadCache {
-    /// Sets up and opens a child lane on this thread's first call through it, if the lane
-    /// is open (see `lanes::refresh`, which from then on keeps its gate here up to date);
-    /// returns whether it is open now. A lane closed for a budget or records stays so.
+    /// This thread's lane of `tag` (1 or more), set up on the thread's first call through
+    /// it: its bins' limits, its tag's heap, and its gate (see `lanes::refresh`, which from
+    /// then on keeps the gate here up to date). `None` when the cache is not live, the tag
+    /// has no heap (out of memory), or no lane can be made (out of memory).
+    #[inline]
+    fn lane_set_up(&self, tag: Tag) -> Option<&Lane> {
+        if let Some(lane) = self.lane_of(tag) {
+            return Some(lane);
+        }
+        self.set_up_lane(tag)
+    }
+
+    /// [`lane_set_up`](Self::lane_set_up) the first time.
     #[cold]
     #[inline(never)]
-    fn open_lane(&self, lane: &Lane) -> bool {
-        let index = self.lane_index(lane);
-        let bit = 1 << index;
-        if self.lanes_used.load(Relaxed) & bit != 0 {
-            // Set up already: its gate is what `refresh` last wrote (closed, or open since
-            // the caller looked).
-            return lanes::serves(lane.hooks.load(Relaxed));
+    fn set_up_lane(&self, tag: Tag) -> Option<&Lane> {
+        if self.state.get() != STATE_ACTIVE || tag == 0 {
+            return None;
         }
+        let heap = HEAP.small_heap_of(tag)?;
+        let index = usize::from(tag);
+        // Under the registry lock, as `refresh` writes gates: once the lane is listed, every
+        // later change reaches it. Lanes made on demand come from the list's pool.
+        let mut list = THREADS.lock();
+        let lane = if index < LANES {
+            &self.lanes[index]
+        } else {
+            self.dynamic.make(tag, &mut list)?
+        };
+        lane.set_tag(tag, heap);
         for class in 0..CLASS_COUNT {
             // SAFETY: owning thread; the lane is unused, so its bins are empty.
             unsafe { lane.set_limit(class, freeing_limit(class) as i32) };
         }
-        // Under the registry lock, as `refresh` writes gates: once the bit is set, every
-        // later change reaches this lane.
-        let _list = THREADS.lock();
-        self.lanes_used.fetch_or(bit, Relaxed);
-        let gate = lanes::gate(index);
-        set_lane_gate(lane, gate);
-        lanes::serves(gate)
+        if index < LANES {
+            self.lanes_used.fetch_or(1 << index, Relaxed);
+        } else {
+            // SAFETY: the lane was made for this thread and is set up; the lock is held.
+            unsafe { self.dynamic.link(lane) };
+        }
+        set_lane_gate(lane, lanes::gate(tag));
+        if self.current_tag.get() == tag {
+            self.current.set(lane);
+        }
+        Some(lane)
+    }
+
+    /// What [`current`](Self::current) should be while `tag` is entered: lane 0 for no tag,
+    /// else the tag's lane if it is set up on a live cache, else a lane that serves nothing
+    /// (the fast path then misses, and the miss path sets the lane up or takes the tag's
+    /// general path).
+    fn lane_for_scope(&self, tag: Tag) -> *const Lane {
+        if tag == 0 {
+            return &self.lanes[0];
+        }
+        match self.lane_of(tag) {
+            Some(lane) if self.state.get() == STATE_ACTIVE => lane,
+            _ => ptr::addr_of!(IDLE_LANE.0),
+        }
+    }
+
+    /// Enters `tag` on this thread (0: none); returns the tag it replaces.
+    #[inline]
+    fn enter(&self, tag: Tag) -> Tag {
+        let previous = self.current_tag.replace(tag);
+        self.current.set(self.lane_for_scope(tag));
+        previous
     }
 }
+
+/// A lane that serves nothing: its bins are empty and its marks closed, so the allocation
+/// fast path misses on it. What [`ThreadCache::current`] points to before the cache
+/// registers and while a scoped tag's lane is not set up on the thread.
+struct IdleLane(Lane);
+
+// SAFETY: nothing writes to the idle lane: the fast path only reads it (its bins are empty,
+// so it never pops), frees never go to `current`, and no walk reaches it (it is in no
+// thread's list).
+unsafe impl Sync for IdleLane {}
+
+static IDLE_LANE: IdleLane = IdleLane(Lane::new(HOOKS_UNREGISTERED));
 
 /// Writes a child lane's gate (see `lanes::gate`): its hooks byte, then every class's mark,
 /// closed unless the lane serves allocations without sampling (a sampling lane's owner
@@ -553,6 +645,8 @@ thread_local! {
 pub(crate) struct ThreadList {
     head: *mut ThreadCache,
     count: usize,
+    /// Lanes made on demand that no thread uses now (see `dynamic`).
+    pool: LanePool,
 }
 // SAFETY: the list only links TLS caches that unregister (under its lock) before their
 // thread's TLS goes away.
@@ -561,6 +655,7 @@ unsafe impl Send for ThreadList {}
 static THREADS: TicketLock<ThreadList> = TicketLock::new(ThreadList {
     head: null_mut(),
     count: 0,
+    pool: LanePool::new(),
 });
 
 /// Counts of exited threads and of threads running without a cache.
@@ -594,8 +689,13 @@ pub(crate) type CacheRef = *const ThreadCache;
 /// `miss(size, align, class, cache)`, a single way out that keeps the caller's own
 /// arguments in their own registers (so the fast path needs no stack frame and no moves)
 /// and hands on what the fast path already worked out.
+///
+/// `SCOPED`: the global allocator's own entry, which allocates from the lane of the scoped
+/// tag entered on the thread (see [`ThreadCache::current`]) and counts the request there;
+/// otherwise lane 0 (the `SystemAllocator` as a parent, or as a pool's page source, whose
+/// blocks are never a scope's).
 #[inline(always)]
-pub(crate) fn allocate_gated(
+pub(crate) fn allocate_gated<const SCOPED: bool>(
     class: usize,
     layout: Layout,
     miss: fn(usize, usize, usize, CacheRef) -> *mut u8,
@@ -604,10 +704,23 @@ pub(crate) fn allocate_gated(
         Some(addr) => {
             let tc = addr as CacheRef;
             // SAFETY: `tc` is this thread's cache (see `thread_pointer`), which lives as
-            // long as the thread; `class` comes from the class table.
-            let p = unsafe { (*tc).system().allocate_open(class) };
-            if !p.is_null() {
-                return p;
+            // long as the thread, and `current` one of its lanes (or the idle lane); `class`
+            // comes from the class table.
+            unsafe {
+                let lane = if SCOPED {
+                    &*(*tc).current.get()
+                } else {
+                    (*tc).system()
+                };
+                let p = lane.allocate_open(class);
+                if !p.is_null() {
+                    if SCOPED {
+                        // Counted in lane 0 too, where nobody reads it: cheaper than a
+                        // branch.
+                        lane.add_requested_fast(layout.size());
+                    }
+                    return p;
+                }
             }
             tc
         }
@@ -682,7 +795,7 @@ pub(crate) unsafe fn pop_any(tc: CacheRef, class: usize) -> *mut u8 {
 /// `false` when the bin is full (always so for a cache that is not registered).
 ///
 /// # Safety
-/// As for [`free_filtered`].
+/// As for [`free_untagged`].
 #[inline(always)]
 pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
     // SAFETY: forwarded from the caller.
@@ -736,45 +849,30 @@ pub(crate) unsafe fn free_gated(
     }
 }
 
-/// [`free_gated`]'s test again, for its miss path: whether the block went onto its bin
-/// (`false`: the bin is full or records may hold the block; the block is untouched then).
-///
-/// # Safety
-/// `tc` is the calling thread's cache as [`free_gated`] passed it (not null); `ptr` is a
-/// live small block of `class`.
-#[inline(always)]
-pub(crate) unsafe fn free_filtered(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
-    // SAFETY: forwarded from the caller.
-    unsafe { (*tc).system().free_filtered(ptr, class) }
-}
-
-/// [`free_filtered`] through `thread_local!`.
+/// Lane 0's [`Lane::free_filtered`] through `thread_local!`, for a block whose tag the
+/// caller asked (0).
 ///
 /// # Safety
 /// `ptr` is a live small block of `class`.
 #[inline(always)]
 pub(crate) unsafe fn free_filtered_tls(ptr: *mut u8, class: usize) -> bool {
-    // SAFETY: forwarded from the caller; the cache is this thread's own.
-    CACHE.with(|tc| unsafe { tc.system().free_filtered(ptr, class) })
+    // SAFETY: forwarded from the caller (the caller asked the block for its tag); the cache
+    // is this thread's own.
+    CACHE.with(|tc| unsafe { tc.system().free_filtered_with::<false>(ptr, class) })
 }
 
-// ---- Child lanes: the fast paths of children that own a lane (see `lanes`). ----
-
-/// Whether the fast paths can reach this thread's cache (and so a child's lane) through the
-/// thread pointer; a child asks for a lane only then.
-pub(crate) fn lanes_reachable() -> bool {
-    thread_pointer::cache_offset().is_some()
-}
+// ---- Child lanes: the paths of children with a tag (see `lanes`). ----
 
 /// A lane's offset from the thread pointer, the same in every thread (static TLS): what a
 /// child's lane word holds, so that its fast path finds the lane with one add. `None` while
 /// the thread pointer cannot reach the caches.
 pub(crate) fn lane_thread_offset(index: usize) -> Option<usize> {
-    Some(thread_pointer::cache_offset()? + lane_offset(index))
+    debug_assert!(index < LANES);
+    Some(thread_pointer::cache_offset()?.wrapping_add(lane_offset(index)))
 }
 
 /// The calling thread's lane at `lane` bytes from the thread pointer (see
-/// [`lane_thread_offset`]); `None` for 0, a child without a lane.
+/// [`lane_thread_offset`]); `None` for 0, a child without a built-in lane.
 ///
 /// # Safety
 /// `lane` is 0 or [`lane_thread_offset`] of an index below [`LANES`].
@@ -786,12 +884,16 @@ unsafe fn lane_of_thread(lane: usize) -> Option<&'static Lane> {
     Some(unsafe { &*(addr as *const Lane) })
 }
 
-/// Whether a miss path may use `lane` of this thread's cache `tc`: the cache is live and
-/// the lane serves calls (set up on the thread's first call through it, see
-/// `ThreadCache::open_lane`). `false`: the child takes its general path.
-fn lane_usable(tc: &ThreadCache, lane: &Lane) -> bool {
-    tc.state.get() == STATE_ACTIVE
-        && (lanes::serves(lane.hooks.load(Relaxed)) || tc.open_lane(lane))
+/// Runs `f` on the calling thread's cache: found from the thread pointer where it can be
+/// (one load), else through `thread_local!`.
+#[inline(always)]
+pub(crate) fn with_cache<R>(f: impl FnOnce(&ThreadCache) -> R) -> R {
+    match thread_pointer::cache_address() {
+        // SAFETY: the address is this thread's cache (see `thread_pointer`), which lives as
+        // long as the thread.
+        Some(addr) => f(unsafe { &*(addr as CacheRef) }),
+        None => CACHE.with(|tc| f(tc)),
+    }
 }
 
 /// Whether `lane` of this thread's cache `tc` is on the straight line of the miss paths
@@ -801,39 +903,35 @@ fn lane_plain(tc: &ThreadCache, lane: &Lane) -> bool {
     lane.hooks.load(Relaxed) == 0 && tc.state.get() == STATE_ACTIVE
 }
 
-/// The calling thread's cache, for a miss path that found its lane at `lane` (see
-/// [`lane_of_thread`]): `None` without a lane.
-///
-/// # Safety
-/// As for [`lane_of_thread`].
-#[inline(always)]
-unsafe fn lane_and_cache(lane: usize) -> Option<(&'static ThreadCache, &'static Lane)> {
-    // SAFETY: forwarded from the caller.
-    let lane = unsafe { lane_of_thread(lane)? };
-    // SAFETY: the address is this thread's cache (see `thread_pointer`), as long-lived as
-    // the lane in it.
-    let tc = unsafe { &*(thread_pointer::cache_address()? as CacheRef) };
-    Some((tc, lane))
+/// This thread's lane of `tag` if a miss path may use it: the cache is live, the lane set
+/// up (now, on the thread's first call of the tag) and open. `None`: the child takes its
+/// general path.
+fn lane_usable(tc: &ThreadCache, tag: Tag) -> Option<&Lane> {
+    if tc.state.get() != STATE_ACTIVE {
+        return None;
+    }
+    tc.lane_set_up(tag)
+        .filter(|lane| lanes::serves(lane.hooks.load(Relaxed)))
 }
 
-/// The calling thread's lane at `lane` (see [`lane_thread_offset`]) when a child's small
-/// resize may stay in it: the lane is open without hooks (no sampling either) and the cache
-/// is live, so the lane's own paths serve the resize and its counts are this thread's to
-/// write. `None`: the child takes its general path.
-///
-/// # Safety
-/// As for [`lane_allocate`].
+/// This thread's lane of `tag` when a child's small resize may stay in it: the lane is open
+/// without hooks (no sampling either) and the cache is live, so the lane's own paths serve
+/// the resize and its counts are this thread's to write. `None`: the child takes its
+/// general path.
 #[inline(always)]
-pub(crate) unsafe fn lane_for_resize(lane: usize) -> Option<&'static Lane> {
-    // SAFETY: forwarded from the caller.
-    let (tc, lane) = unsafe { lane_and_cache(lane)? };
-    lane_plain(tc, lane).then_some(lane)
+pub(crate) fn lane_for_resize(tag: Tag) -> Option<&'static Lane> {
+    with_cache(|tc| {
+        let lane = tc.lane_of(tag)?;
+        // `'static` stands for "this thread's lifetime": the caller uses it in this call.
+        // SAFETY: a lane of this thread's cache, valid until the thread exits.
+        lane_plain(tc, lane).then(|| unsafe { &*ptr::from_ref(lane) })
+    })
 }
 
-/// A child's small allocation from its lane (`lane`: see [`lane_thread_offset`]): pops a
-/// block of `class` and counts `size` requested bytes (if the child keeps them: `requested`,
-/// a constant at every call site). Null when the child has no lane, the bin is empty or the
-/// lane is closed: then [`lane_allocate_missed`].
+/// A child's small allocation from its built-in lane (`lane`: see [`lane_thread_offset`]):
+/// pops a block of `class` and counts `size` requested bytes (if the child keeps them:
+/// `requested`, a constant at every call site). Null when the child has no built-in lane,
+/// the bin is empty or the lane is closed: then [`lane_allocate_missed`].
 ///
 /// # Safety
 /// `lane` is 0 or [`lane_thread_offset`] of an index below [`LANES`]; `class < CLASS_COUNT`.
@@ -857,37 +955,54 @@ pub(crate) unsafe fn lane_allocate(
     }
 }
 
-/// [`lane_allocate`] missed: refills the bin if the lane is open and the cache live, and
-/// while the `SystemAllocator` samples, draws the class's countdown and records a sampled
-/// block for it. `None`: no lane, or a closed one, so the child takes its general path;
-/// `Some(null)`: out of memory.
+/// [`lane_allocate`] missed, for the child of tag `tag`: refills the bin if the lane is open
+/// and the cache live, and while the `SystemAllocator` samples, draws the class's countdown
+/// and records a sampled block for it. `None`: no usable lane, so the child takes its
+/// general path; `Some(null)`: out of memory.
 ///
 /// The common case, an open lane without sampling (hooks byte 0) on a live cache whose bin
 /// is empty, is a straight line to the refill; everything else is out of line in
 /// [`lane_allocate_hooked`].
 ///
 /// # Safety
-/// As for [`lane_allocate`]; `class` is the class of `layout` (see `fast_class`).
+/// `class` is the class of `layout` (see `fast_class`).
 #[inline(always)]
 pub(crate) unsafe fn lane_allocate_missed(
-    lane: usize,
+    tag: Tag,
     class: usize,
     layout: Layout,
     requested: bool,
 ) -> Option<*mut u8> {
-    // SAFETY: as in `lane_allocate`; the cache is this thread's and live, and the lane
-    // open, so its bins and marks are this thread's to refill.
+    // SAFETY: forwarded from the caller.
+    with_cache(|tc| unsafe { allocate_in_lane(tc, tag, class, layout, requested) })
+}
+
+/// [`lane_allocate_missed`] on the calling thread's cache `tc`.
+///
+/// # Safety
+/// As for [`lane_allocate_missed`]; `tc` is the calling thread's cache.
+#[inline(always)]
+unsafe fn allocate_in_lane(
+    tc: &ThreadCache,
+    tag: Tag,
+    class: usize,
+    layout: Layout,
+    requested: bool,
+) -> Option<*mut u8> {
+    // SAFETY: the cache is this thread's and live, and the lane open, so its bins and
+    // marks are this thread's to refill.
     unsafe {
-        let (tc, lane) = lane_and_cache(lane)?;
-        if !lane_plain(tc, lane) || lane.slots.get_unchecked(class).open_until.load(Relaxed) != OPEN
+        if let Some(lane) = tc.lane_of(tag)
+            && lane_plain(tc, lane)
+            && lane.slots.get_unchecked(class).open_until.load(Relaxed) == OPEN
         {
-            return lane_allocate_hooked(tc, lane, class, layout, requested);
+            let p = tc.allocate(lane, class);
+            if requested && !p.is_null() {
+                lane.add_requested(layout.size());
+            }
+            return Some(p);
         }
-        let p = tc.allocate(lane, class);
-        if requested && !p.is_null() {
-            lane.add_requested(layout.size());
-        }
-        Some(p)
+        lane_allocate_hooked(tc, tag, class, layout, requested)
     }
 }
 
@@ -895,19 +1010,17 @@ pub(crate) unsafe fn lane_allocate_missed(
 /// closed, sampling, or a class's mark closed by a gate change; or a cache not live.
 ///
 /// # Safety
-/// As for [`lane_allocate_missed`]; `tc` is this thread's cache and `lane` one of its lanes.
+/// As for [`allocate_in_lane`].
 #[cold]
 #[inline(never)]
 unsafe fn lane_allocate_hooked(
     tc: &ThreadCache,
-    lane: &Lane,
+    tag: Tag,
     class: usize,
     layout: Layout,
     requested: bool,
 ) -> Option<*mut u8> {
-    if !lane_usable(tc, lane) {
-        return None;
-    }
+    let lane = lane_usable(tc, tag)?;
     // SAFETY: the cache is this thread's, live, and the lane open, so its bins and marks
     // are this thread's to refill and draw; the rest is forwarded from the caller.
     unsafe {
@@ -929,8 +1042,8 @@ unsafe fn lane_allocate_hooked(
     }
 }
 
-/// A child's small free into its lane: pushes the block if the child has a lane, the lane
-/// is open and its bin has room, uncounting `size` requested bytes (if the child keeps
+/// A child's small free into its built-in lane: pushes the block if the child has one, the
+/// lane is open and its bin has room, uncounting `size` requested bytes (if the child keeps
 /// them: `requested`); `false` otherwise (then [`lane_free_missed`]).
 ///
 /// # Safety
@@ -949,7 +1062,7 @@ pub(crate) unsafe fn lane_free(
         let Some(lane) = lane_of_thread(lane) else {
             return false;
         };
-        if lane.free_filtered(ptr, class) {
+        if lane.free_filtered_with::<false>(ptr, class) {
             if requested {
                 lane.sub_requested(size);
             }
@@ -959,57 +1072,57 @@ pub(crate) unsafe fn lane_free(
     }
 }
 
-/// [`lane_free`] missed: frees into a full bin (giving part of it back) if the lane is open
-/// and the cache live. `false`: the child takes its general path.
+/// [`lane_free`] missed, for the child of tag `tag`: frees into a full bin (giving part of
+/// it back) if the lane is open and the cache live. `false`: the child takes its general
+/// path.
 ///
 /// The common case, an open lane without sampling (hooks byte 0) on a live cache whose bin
 /// is full, is a straight line to the overflow; everything else is out of line in
 /// [`lane_free_hooked`].
 ///
 /// # Safety
-/// As for [`lane_free`].
+/// As for [`lane_free`], with `ptr` a block of the child of tag `tag`.
 #[inline(always)]
 pub(crate) unsafe fn lane_free_missed(
-    lane: usize,
+    tag: Tag,
     ptr: *mut u8,
     class: usize,
     size: usize,
     requested: bool,
 ) -> bool {
-    // SAFETY: as in `lane_allocate_missed`; the block is forwarded from the caller.
-    unsafe {
-        let Some((tc, lane)) = lane_and_cache(lane) else {
-            return false;
-        };
-        if !lane_plain(tc, lane) {
-            return lane_free_hooked(tc, lane, ptr, class, size, requested);
+    // SAFETY: forwarded from the caller.
+    with_cache(|tc| unsafe {
+        if let Some(lane) = tc.lane_of(tag)
+            && lane_plain(tc, lane)
+        {
+            tc.free(lane, ptr, class);
+            if requested {
+                lane.sub_requested(size);
+            }
+            return true;
         }
-        tc.free(lane, ptr, class);
-        if requested {
-            lane.sub_requested(size);
-        }
-        true
-    }
+        lane_free_hooked(tc, tag, ptr, class, size, requested)
+    })
 }
 
 /// [`lane_free_missed`] off its straight line: a lane not set up on this thread yet,
 /// closed, or sampling; or a cache not live.
 ///
 /// # Safety
-/// As for [`lane_free_missed`]; `tc` is this thread's cache and `lane` one of its lanes.
+/// As for [`lane_free_missed`]; `tc` is this thread's cache.
 #[cold]
 #[inline(never)]
 unsafe fn lane_free_hooked(
     tc: &ThreadCache,
-    lane: &Lane,
+    tag: Tag,
     ptr: *mut u8,
     class: usize,
     size: usize,
     requested: bool,
 ) -> bool {
-    if !lane_usable(tc, lane) {
+    let Some(lane) = lane_usable(tc, tag) else {
         return false;
-    }
+    };
     if lane.hooks.load(Relaxed) & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr) {
         return false; // the general path removes its record
     }
@@ -1020,6 +1133,154 @@ unsafe fn lane_free_hooked(
         lane.sub_requested(size);
     }
     true
+}
+
+// ---- Scoped tags: the global allocator's paths for the tag entered on a thread. ----
+
+/// Process-wide, never cleared: some thread entered a scoped tag, so a block freed through
+/// the global allocator may be a tag's (see [`HOOK_TAGS`]).
+static TAGS_IN_USE: AtomicBool = AtomicBool::new(false);
+
+/// Whether a scoped tag was ever entered in this process (then blocks freed through the
+/// global allocator must be asked for their tag).
+#[inline(always)]
+pub(crate) fn tags_in_use() -> bool {
+    TAGS_IN_USE.load(Relaxed)
+}
+
+/// What lane 0's hooks byte holds: the `SystemAllocator`'s records hooks, and
+/// [`HOOK_TAGS`] once tags are in use.
+fn lane0_hooks() -> u8 {
+    records::global::thread_hooks() | if tags_in_use() { HOOK_TAGS } else { 0 }
+}
+
+/// Marks tags as in use, before the first scoped allocation: from now on every cache's free
+/// fast path leaves lane 0 for the miss path, which asks each block for its tag.
+#[cold]
+#[inline(never)]
+pub(crate) fn enable_tags() {
+    if tags_in_use() {
+        return;
+    }
+    let list = THREADS.lock();
+    TAGS_IN_USE.store(true, Relaxed);
+    let mut tc = list.head;
+    while !tc.is_null() {
+        // SAFETY: registered caches are valid while the registry lock is held.
+        unsafe {
+            (*tc).system().hooks.fetch_or(HOOK_TAGS, Relaxed);
+            tc = (*tc).next.load(Relaxed);
+        }
+    }
+    // A cache registering later reads the flag under the same lock (`lane0_hooks`).
+}
+
+/// Enters `tag` on the calling thread (0: none); returns the tag it replaces.
+#[inline(always)]
+pub(crate) fn enter(tag: Tag) -> Tag {
+    with_cache(|tc| tc.enter(tag))
+}
+
+/// The tag entered on the calling thread (0: none).
+#[inline(always)]
+pub(crate) fn current_tag() -> Tag {
+    with_cache(|tc| tc.current_tag.get())
+}
+
+/// The tag entered on the thread whose cache a fast path found.
+///
+/// # Safety
+/// `tc` is the calling thread's cache as a fast path passed it (not null).
+#[inline(always)]
+pub(crate) unsafe fn current_tag_of(tc: CacheRef) -> Tag {
+    // SAFETY: forwarded from the caller.
+    unsafe { (*tc).current_tag.get() }
+}
+
+/// A scoped small allocation that missed the fast path (the entered tag's lane was empty,
+/// closed, sampling, or not set up on this thread): from the tag's lane if it may serve.
+/// `None`: the tag's general path must serve it.
+///
+/// # Safety
+/// `tc` is the calling thread's cache; `class` is the class of `layout`.
+pub(crate) unsafe fn scoped_allocate(
+    tc: &ThreadCache,
+    class: usize,
+    layout: Layout,
+) -> Option<*mut u8> {
+    if tc.state.get() == STATE_NEW {
+        tc.register();
+    }
+    let tag = tc.current_tag.get();
+    // SAFETY: forwarded from the caller. Scoped blocks count their requested bytes in the
+    // lane (a child that does not report them ignores the figure).
+    unsafe { allocate_in_lane(tc, tag, class, layout, true) }
+}
+
+/// Frees a small block of tag `tag` (not 0) through its lane on this thread, uncounting
+/// `size` requested bytes; `false`: the tag's general path must free it (a lane closed or
+/// sampling the block, or a cache not live).
+///
+/// # Safety
+/// `tc` is the calling thread's cache; `ptr` is a live small block of `class` in a segment
+/// of `tag`, allocated for `size` bytes (or a size up to the granted one).
+#[inline(always)]
+pub(crate) unsafe fn tag_free(
+    tc: &ThreadCache,
+    tag: Tag,
+    ptr: *mut u8,
+    class: usize,
+    size: usize,
+) -> bool {
+    // SAFETY: forwarded from the caller: the block is of the lane's tag.
+    unsafe {
+        if let Some(lane) = tc.lane_of(tag) {
+            if lane.free_filtered_with::<false>(ptr, class) {
+                lane.sub_requested(size);
+                return true;
+            }
+            if lane_plain(tc, lane) {
+                tc.free(lane, ptr, class);
+                lane.sub_requested(size);
+                return true;
+            }
+        }
+        lane_free_hooked(tc, tag, ptr, class, size, true)
+    }
+}
+
+/// Frees an untagged small block into lane 0 of the cache a fast path found, whatever
+/// [`HOOK_TAGS`] says (the caller read the block's tag): `false` when the bin is full or
+/// records may hold the block (the block is untouched then).
+///
+/// # Safety
+/// `tc` is the calling thread's cache as [`free_gated`] passed it (not null); `ptr` is a
+/// live small block of `class` in a segment of tag 0.
+#[inline(always)]
+pub(crate) unsafe fn free_untagged(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe { (*tc).system().free_filtered_with::<false>(ptr, class) }
+}
+
+/// The tag of the segment of a live small block (0: the `SystemAllocator`'s own).
+///
+/// # Safety
+/// `ptr` is a live small block of the global heap.
+#[inline(always)]
+pub(crate) unsafe fn small_block_tag(ptr: *mut u8) -> Tag {
+    // SAFETY: forwarded from the caller.
+    unsafe { segment_tag(ptr) }
+}
+
+/// Counts a small block of `class` taken from (`allocated`) or given back to a tag's heap
+/// without a lane, in the `SystemAllocator`'s figures (see `SystemAllocator`'s tagged
+/// paths): the counts every lane's blocks go to when their thread exits.
+pub(crate) fn count_unlaned(class: usize, allocated: bool) {
+    if allocated {
+        ORPHANS.shared_alloc(class);
+    } else {
+        ORPHANS.shared_free(class);
+    }
 }
 
 impl ThreadCache {
@@ -1187,7 +1448,7 @@ pub(crate) enum SampleCharge {
 /// word changed; under the registry lock, so no cache registers in between.
 pub(crate) fn system_records_changed() {
     let list = THREADS.lock();
-    let hooks = records::global::thread_hooks();
+    let hooks = lane0_hooks();
     let mut tc = list.head;
     while !tc.is_null() {
         // SAFETY: registered caches are valid while the registry lock is held.
@@ -1296,6 +1557,14 @@ impl ThreadCache {
     }
 }
 
+/// Registers the calling thread's cache if it is new (so that the thread pointer's offset
+/// to the caches is known once any cache registered).
+pub(crate) fn register_current() {
+    CACHE.with(|tc| {
+        tc.activate();
+    });
+}
+
 /// The registry of live threads, locked: while it is held no cache registers or retires.
 pub(crate) struct LockedThreads(TicketGuard<'static, ThreadList>);
 
@@ -1321,18 +1590,20 @@ impl ThreadList {
         }
     }
 
-    /// Calls `f` with each lane in `mask` (bit `i`: lane `i`) of every registered thread.
-    pub(crate) fn for_each_lane(&self, mask: u32, mut f: impl FnMut(usize, &Lane)) {
-        if mask == 0 {
-            return;
-        }
+    /// Calls `f` with each child lane (not lane 0) of every registered thread whose tag
+    /// `wanted` accepts.
+    pub(crate) fn for_each_lane(
+        &self,
+        wanted: impl Fn(Tag) -> bool,
+        mut f: impl FnMut(Tag, &Lane),
+    ) {
         let mut tc = self.head;
         while !tc.is_null() {
             // SAFETY: as in `for_each_shards`.
             unsafe {
-                for (index, lane) in (*tc).used_lanes() {
-                    if mask & (1 << index) != 0 {
-                        f(index, lane);
+                for (tag, lane) in (*tc).used_lanes().skip(1) {
+                    if wanted(tag) {
+                        f(tag, lane);
                     }
                 }
                 tc = (*tc).next.load(Relaxed);
@@ -1349,8 +1620,8 @@ impl LockedThreads {
         while !tc.is_null() {
             // SAFETY: registered caches are valid while the registry lock is held.
             unsafe {
-                for (index, lane) in (*tc).used_lanes().skip(1) {
-                    set_lane_gate(lane, lanes::gate(index));
+                for (tag, lane) in (*tc).used_lanes().skip(1) {
+                    set_lane_gate(lane, lanes::gate(tag));
                 }
                 tc = (*tc).next.load(Relaxed);
             }

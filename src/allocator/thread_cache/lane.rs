@@ -7,14 +7,17 @@
 //! of counters on every call. Every lane draws from and returns to the same heap: a bin
 //! holds free blocks of its class, whatever lane they were last allocated from.
 
-use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, cold_path};
+use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_TAGS, cold_path};
 use crate::records;
+use crate::schema::hpha::Tag;
 use crate::schema::hpha::size_class::{CLASS_COUNT, CLASS_SIZES, class_size};
-use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated};
+use crate::schema::hpha::small::{FreeSlot, SmallHeap, check_free, mark_allocated};
 use crate::stats::ShardSum;
 use core::cell::UnsafeCell;
-use core::ptr::null_mut;
-use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use core::ptr::{self, null_mut};
+use core::sync::atomic::{
+    AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering::*,
+};
 
 /// Bytes a bin may hold before it gives half back, bounded in blocks below.
 const BIN_BYTES: usize = 16 * 1024;
@@ -104,9 +107,10 @@ pub(super) struct ClassSlot {
 }
 
 /// A thread cache's bins and counts for one allocator: lane 0 for the `SystemAllocator`,
-/// the others for children that own them. Cache-line aligned, so that every lane's class
-/// slots fall on cache lines the way lane 0's do (a child lane 16 bytes off cost the
-/// `small` workload through a child about 10% of its time).
+/// the others for children that own them (one per tag, see `crate::allocator::lanes`).
+/// Cache-line aligned, so that every lane's class slots fall on cache lines the way lane
+/// 0's do (a child lane 16 bytes off cost the `small` workload through a child about 10% of
+/// its time).
 #[repr(align(64))]
 pub(crate) struct Lane {
     /// In lane 0, what the `SystemAllocator`'s records ask of this thread's fast paths
@@ -114,8 +118,16 @@ pub(crate) struct Lane {
     /// registry lock by whoever changes the word and read by the owner with one load from
     /// its own TLS (no static to reach, no shared line). 0: records off, nothing to do.
     /// In a child lane, 0 while the lane is open and `HOOK_FREE` while it is closed (frees
-    /// then leave the fast path too).
+    /// then leave the fast path too). Lane 0 also has `HOOK_TAGS` once a scoped tag was
+    /// entered anywhere: a block freed through the global allocator may then be a tag's.
     pub(super) hooks: AtomicU8,
+    /// The tag whose blocks the bins hold (0: the `SystemAllocator`'s). Set when the lane is
+    /// set up, under the thread registry's lock.
+    pub(super) tag: AtomicU16,
+    /// The small heap of that tag, where refills come from and overflows go (null: tag 0's).
+    heap: AtomicPtr<SmallHeap>,
+    /// The next lane made on demand for the same thread (see `ThreadCache::dynamic`).
+    pub(super) next: AtomicPtr<Lane>,
     /// Child lanes: the requested bytes of blocks allocated through this lane on this
     /// thread, and of those freed (owner-written, wrapping; live = allocated - freed). Two
     /// running totals, not one net figure, so that an allocation's add and the next free's
@@ -147,6 +159,9 @@ impl Lane {
     pub(super) const fn new(hooks: u8) -> Self {
         Self {
             hooks: AtomicU8::new(hooks),
+            tag: AtomicU16::new(0),
+            heap: AtomicPtr::new(null_mut()),
+            next: AtomicPtr::new(null_mut()),
             requested_in: AtomicUsize::new(0),
             requested_out: AtomicUsize::new(0),
             slots: [const {
@@ -172,6 +187,36 @@ impl Lane {
             resizes: AtomicU64::new(0),
             moves: AtomicU64::new(0),
         }
+    }
+
+    /// The tag whose blocks this lane holds.
+    #[inline(always)]
+    pub(crate) fn tag(&self) -> Tag {
+        self.tag.load(Relaxed)
+    }
+
+    /// Makes this lane the one of `tag`, whose small heap is `heap` (the owner, setting the
+    /// lane up while its bins are empty).
+    pub(super) fn set_tag(&self, tag: Tag, heap: &SmallHeap) {
+        self.tag.store(tag, Relaxed);
+        let heap = if tag == 0 {
+            null_mut()
+        } else {
+            ptr::from_ref(heap).cast_mut()
+        };
+        self.heap.store(heap, Relaxed);
+    }
+
+    /// The small heap this lane's blocks come from and go back to.
+    #[inline(always)]
+    pub(super) fn heap(&self) -> &'static SmallHeap {
+        let heap = self.heap.load(Relaxed);
+        if heap.is_null() {
+            return HEAP.small_heap();
+        }
+        // SAFETY: set from a `&SmallHeap` of the process-wide heap, whose tagged heaps live
+        // as long as the process.
+        unsafe { &*heap }
     }
 
     /// The bin of `class`.
@@ -331,20 +376,39 @@ impl Lane {
 
     /// Pushes a block of `class` if the bin has room and the lane's hooks let it: records
     /// are off (lane 0), or only sample and the sample filter rules the block out (lane
-    /// 0), or the lane is open (a child lane).
+    /// 0), or the lane is open (a child lane); and (lane 0) no scoped tag was ever entered,
+    /// so the block cannot be a tag's.
     ///
     /// # Safety
     /// Owning thread; `ptr` is a live small block of `class`.
     #[inline(always)]
     pub(super) unsafe fn free_filtered(&self, ptr: *mut u8, class: usize) -> bool {
         // SAFETY: forwarded from the caller.
+        unsafe { self.free_filtered_with::<true>(ptr, class) }
+    }
+
+    /// [`free_filtered`](Self::free_filtered) for a block known to be of this lane's tag
+    /// (`TAGS` false: `HOOK_TAGS` is not asked).
+    ///
+    /// # Safety
+    /// As for `free_filtered`; with `TAGS` false, `ptr` lies in a segment of this lane's tag.
+    #[inline(always)]
+    pub(super) unsafe fn free_filtered_with<const TAGS: bool>(
+        &self,
+        ptr: *mut u8,
+        class: usize,
+    ) -> bool {
+        let stop = HOOK_FREE | HOOK_FREE_SAMPLED | if TAGS { HOOK_TAGS } else { 0 };
+        // SAFETY: forwarded from the caller.
         unsafe {
             let bin = self.bin(class);
             let hooks = self.hooks.load(Relaxed);
-            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0 {
+            if hooks & stop != 0 {
                 // Out of the straight line: records off is the case to keep short.
                 cold_path();
-                if hooks & HOOK_FREE != 0 || records::global::maybe_sampled(ptr) {
+                if hooks & (HOOK_FREE | if TAGS { HOOK_TAGS } else { 0 }) != 0
+                    || records::global::maybe_sampled(ptr)
+                {
                     return false;
                 }
             }
@@ -372,8 +436,7 @@ impl Lane {
                     slot = (*slot).next;
                 }
                 if len > 0 {
-                    HEAP.small_heap()
-                        .return_slots(class, bin.head, len, HEAP.stamp());
+                    self.heap().return_slots(class, bin.head, len, HEAP.stamp());
                 }
                 bin.head = null_mut();
                 self.set_count(class, 0);
@@ -516,6 +579,30 @@ impl Lane {
     pub(super) fn add_requested(&self, size: usize) {
         self.requested_in
             .store(self.requested_in.load(Relaxed).wrapping_add(size), Relaxed);
+    }
+
+    /// [`add_requested`](Self::add_requested) in one instruction where the target has one
+    /// that adds to memory (x86-64): the global allocator's fast path counts the request
+    /// in whichever lane it allocates from, lane 0 included (whose figure nobody reads), so
+    /// that a scoped tag's allocations cost no branch.
+    #[inline(always)]
+    pub(super) fn add_requested_fast(&self, size: usize) {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: a relaxed load of `requested_in`, the add, and a relaxed store of the sum:
+        // only the owning thread writes the counter, and an aligned 8-byte store is atomic
+        // on x86-64, so other threads' relaxed loads see the old or the new value, as with
+        // `add_requested`. The address is a live field of this lane.
+        unsafe {
+            core::arch::asm!(
+                "add qword ptr [{lane} + {offset}], {size}",
+                lane = in(reg) ptr::from_ref(self),
+                offset = const core::mem::offset_of!(Lane, requested_in),
+                size = in(reg) size,
+                options(nostack),
+            );
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+        self.add_requested(size);
     }
 
     /// Uncounts `size` requested bytes of a block the owner just gave back to this lane.

@@ -239,13 +239,9 @@ impl<S: PageSource> HphaSchema<S> {
             unsafe { ptr.as_ptr().write_bytes(0, size) };
             return Some(Allocation { ptr, size });
         }
-        let grant = self.large.allocate(
-            layout.size(),
-            layout.align(),
-            0,
-            &self.source,
-            self.stamp(),
-        )?;
+        let grant =
+            self.large
+                .allocate(layout.size(), layout.align(), 0, &self.source, self.stamp())?;
         self.after_slow_path();
         // SAFETY: the block is ours; past `dirty_prefix` it already reads as zero.
         unsafe { grant.ptr.write_bytes(0, grant.dirty_prefix) };

@@ -356,5 +356,8 @@ fn miri_tagged_blocks_keep_their_tag_through_reallocation_and_free_into_their_he
     h.validate().unwrap();
     // Beyond the last tag: refused, not wrapped.
     assert!(h.allocate_tagged(layout(8, 8), MAX_TAGS as Tag).is_none());
-    assert!(h.allocate_tagged(layout(9000, 8), MAX_TAGS as Tag).is_none());
+    assert!(
+        h.allocate_tagged(layout(9000, 8), MAX_TAGS as Tag)
+            .is_none()
+    );
 }
