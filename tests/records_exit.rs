@@ -15,6 +15,7 @@ static GLOBAL: SystemAllocator = SystemAllocator::new();
 
 tagalloc::allocator!(pub LeakyLoader: child of SystemAllocator, "Leaky Loader");
 tagalloc::allocator!(pub TidyLoader: child of SystemAllocator, "Tidy Loader");
+tagalloc::allocator!(pub ScopedLeaker: child of SystemAllocator, "Scoped Leaker");
 
 const CASE_VAR: &str = "TAGALLOC_RECORDS_EXIT_CASE";
 
@@ -53,6 +54,17 @@ fn load_level_and_forget_to_free_it() {
     std::mem::forget(cache);
 }
 
+/// Leaks std containers inside `ScopedLeaker`'s scoped tag: a vector of 555 bytes and one
+/// of 70,000 (a large block).
+#[inline(never)]
+fn leak_std_containers_inside_a_scope() {
+    ScopedLeaker.scope(|| {
+        std::mem::forget(Vec::<u8>::with_capacity(555));
+        std::mem::forget(Vec::<u8>::with_capacity(70_000));
+        drop(String::from("freed: no leak"));
+    });
+}
+
 /// Allocates and frees: nothing of it may appear as a leak.
 #[inline(never)]
 fn load_and_free_properly() {
@@ -77,6 +89,7 @@ fn child_entry_point() {
             assert_eq!(LeakyLoader.record_mode(), tagalloc::RecordMode::Off);
             load_level_and_forget_to_free_it();
         }
+        "scoped_leak" => leak_std_containers_inside_a_scope(),
         "busy" => threads_allocate_while_reports_are_written(),
         "fork" => fork_while_threads_record(),
         other => panic!("unknown case {other}"),
@@ -264,6 +277,44 @@ fn section<'a>(leaks: &'a str, header: &str) -> &'a str {
         end += 1 + rest[end + 1..].find('\n').unwrap_or(rest.len() - end - 1);
     }
     &rest[..end]
+}
+
+#[test]
+fn a_scoped_tags_std_leaks_appear_at_their_call_site() {
+    let path = report_path("scoped_leak");
+    let _ = std::fs::remove_file(&path);
+    run_child("scoped_leak", "ScopedLeaker=full", Some(&path));
+    let report = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let leaks = &report[report.find("-- Leaks --").expect("a leaks section")..];
+    let leaker = section(leaks, "ScopedLeaker:");
+    assert!(
+        leaker
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with(" in 2 blocks at 2 call sites"),
+        "{leaker}"
+    );
+    assert!(
+        leaker.contains("(555 B)") && leaker.contains("(70000 B)"),
+        "{leaker}"
+    );
+    // The allocator's frames (the global allocator's, the scope's, the child's) are trimmed:
+    // the leaking function is the first frame shown of each site.
+    let lines: Vec<&str> = leaker.lines().collect();
+    let sites: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with("  ") && !lines[i].starts_with("   "))
+        .collect();
+    assert_eq!(sites.len(), 2, "{leaker}");
+    for i in sites {
+        let first = lines[i + 1];
+        assert!(
+            first.trim_start().starts_with("#1 ")
+                && first.contains("leak_std_containers_inside_a_scope"),
+            "{leaker}"
+        );
+    }
 }
 
 #[test]

@@ -114,12 +114,13 @@ fn workers(rounds: usize, forking: &AtomicBool) -> usize {
     let start: Vec<AllocatorStats> = (0..THREADS).map(|t| STATS[t]()).collect();
     let made = AtomicUsize::new(0);
     std::thread::scope(|s| {
+        let mut handles = Vec::new();
         for t in 0..THREADS {
             let to_next = senders[(t + 1) % THREADS].clone();
             let from_prev = receivers[t].take().unwrap();
             let barrier = Arc::clone(&barrier);
             let made = &made;
-            s.spawn(move || {
+            handles.push(s.spawn(move || {
                 let _tag = ENTER[t]();
                 let mut kept = Vec::new();
                 for round in 0..rounds {
@@ -140,7 +141,7 @@ fn workers(rounds: usize, forking: &AtomicBool) -> usize {
                 }
                 drop(kept);
                 drop(to_next);
-            });
+            }));
         }
         drop(senders);
         barrier.wait();
@@ -155,6 +156,12 @@ fn workers(rounds: usize, forking: &AtomicBool) -> usize {
         }
         forking.store(true, Ordering::Relaxed);
         barrier.wait();
+        // Joined by hand: a scope's own end does not wait for the threads' TLS destructors,
+        // which free what std keeps per thread (a channel's wait context, allocated inside
+        // the worker's tag).
+        for h in handles {
+            h.join().unwrap();
+        }
     });
     check(&start, "after the workers");
     made.load(Ordering::Relaxed)

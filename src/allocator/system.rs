@@ -242,11 +242,13 @@ fn scoped_owner(tag: Tag) -> &'static crate::child::ChildOps {
     }
 }
 
-/// A scoped allocation through the tag's child: its own path (lane or general), counted
-/// and budgeted and recorded as a call through its handle.
+/// A scoped allocation the tag's lane cannot serve (a large block, a lane closed for a
+/// budget or records, a cache not live): the child's general path, counted, budgeted and
+/// recorded as a call through its handle that its lane refused. Entered there directly, so
+/// that a recorded call stack holds as few allocator frames as the handle's.
 #[inline(never)]
 fn scoped_general(layout: Layout, tag: Tag, zeroed: bool) -> *mut u8 {
-    (scoped_owner(tag).allocate)(layout, 0, zeroed).map_or(ptr::null_mut(), |b| b.ptr.as_ptr())
+    (scoped_owner(tag).allocate)(layout, tag, zeroed).map_or(ptr::null_mut(), |b| b.ptr.as_ptr())
 }
 
 /// A free of a block of `tag` through the tag's child.

@@ -387,13 +387,24 @@ fn resolve_ip(ip: usize) -> Vec<Symbol> {
 /// Whether a symbol belongs to the allocation machinery (the allocator, the global
 /// allocator shims, `alloc::alloc`, `RawVec`, `allocator_api2`, handle impls).
 pub(crate) fn is_plumbing(name: &str) -> bool {
-    const PREFIXES: [&str; 16] = [
+    const PREFIXES: [&str; 26] = [
         "tagalloc::",
         "<tagalloc::",
         "alloc::alloc::",
         "<alloc::alloc::",
         "alloc::raw_vec::",
         "<alloc::raw_vec::",
+        // std's containers: the call site is the code that asked them for memory.
+        "alloc::vec::",
+        "<alloc::vec::",
+        "alloc::string::",
+        "<alloc::string::",
+        "alloc::boxed::",
+        "<alloc::boxed::",
+        "alloc::collections::",
+        "<alloc::collections::",
+        "std::collections::",
+        "<std::collections::",
         "__rust_",
         "__rustc::",
         "__rg_",
