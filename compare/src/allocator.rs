@@ -11,9 +11,14 @@
     all(feature = "alloc-tagalloc", feature = "alloc-system"),
     all(feature = "alloc-tagalloc", feature = "alloc-mimalloc"),
     all(feature = "alloc-tagalloc", feature = "alloc-jemalloc"),
+    all(feature = "alloc-tagalloc", feature = "alloc-tracking"),
     all(feature = "alloc-system", feature = "alloc-mimalloc"),
     all(feature = "alloc-system", feature = "alloc-jemalloc"),
+    all(feature = "alloc-system", feature = "alloc-tracking"),
     all(feature = "alloc-mimalloc", feature = "alloc-jemalloc"),
+    all(feature = "alloc-mimalloc", feature = "alloc-tracking"),
+    all(feature = "alloc-jemalloc", feature = "alloc-tracking"),
+    all(feature = "alloc-tagalloc-child", feature = "alloc-tagalloc-scoped"),
 ))]
 compile_error!(
     "enable exactly one of the features alloc-tagalloc, alloc-system, alloc-mimalloc, alloc-jemalloc"
@@ -28,9 +33,16 @@ pub const ALL: [&str; 4] = ["tagalloc", "system", "mimalloc", "jemalloc"];
 /// `SystemAllocator` (a whole program tagged as one subsystem), to measure what a child
 /// costs over its parent on real workloads. (There is no build of tagalloc without its
 /// per-thread counts to compare: they are also its thread caches' bookkeeping.)
-pub const EXTRA: [&str; 1] = ["tagalloc-child"];
+/// `tagalloc-scoped` is tagalloc with every thread of the workload inside one scoped tag
+/// (`Program.enter()`), and `tracking` its peer: tracking-allocator 0.4 over the system
+/// allocator, every thread inside one allocation group, whose tracker counts live bytes.
+pub const EXTRA: [&str; 3] = ["tagalloc-child", "tagalloc-scoped", "tracking"];
 
-#[cfg(all(feature = "alloc-tagalloc", not(feature = "alloc-tagalloc-child")))]
+#[cfg(all(
+    feature = "alloc-tagalloc",
+    not(feature = "alloc-tagalloc-child"),
+    not(feature = "alloc-tagalloc-scoped")
+))]
 mod chosen {
     #[global_allocator]
     static GLOBAL: tagalloc::SystemAllocator = tagalloc::SystemAllocator::new();
@@ -60,6 +72,92 @@ mod chosen {
     pub fn trim() -> bool {
         tagalloc::SystemAllocator::new().garbage_collect();
         true
+    }
+}
+
+#[cfg(feature = "alloc-tagalloc-scoped")]
+mod chosen {
+    tagalloc::allocator!(pub Program: child of tagalloc::SystemAllocator, "the whole workload");
+
+    #[global_allocator]
+    static GLOBAL: tagalloc::SystemAllocator = tagalloc::SystemAllocator::new();
+
+    pub const NAME: &str = "tagalloc-scoped";
+    pub const NOTE: &str = "";
+
+    /// The `SystemAllocator`'s `garbage_collect`, as for plain tagalloc.
+    pub fn trim() -> bool {
+        GLOBAL.garbage_collect();
+        true
+    }
+
+    /// Runs `f` inside the tag.
+    pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
+        Program.scope(f)
+    }
+}
+
+#[cfg(feature = "alloc-tracking")]
+mod chosen {
+    use std::sync::atomic::{AtomicIsize, Ordering};
+    use tracking_allocator::{
+        AllocationGroupId, AllocationGroupToken, AllocationRegistry, AllocationTracker, Allocator,
+    };
+
+    #[global_allocator]
+    static GLOBAL: Allocator<std::alloc::System> = Allocator::system();
+
+    pub const NAME: &str = "tracking";
+    pub const NOTE: &str = "";
+
+    /// Live bytes per group, as a minimal useful tracker keeps them (groups 0..16).
+    static LIVE: [AtomicIsize; 16] = [const { AtomicIsize::new(0) }; 16];
+
+    struct LiveBytes;
+
+    impl AllocationTracker for LiveBytes {
+        fn allocated(
+            &self,
+            _addr: usize,
+            object_size: usize,
+            _wrapped_size: usize,
+            group_id: AllocationGroupId,
+        ) {
+            LIVE[group_id.as_usize().get() % 16].fetch_add(object_size as isize, Ordering::Relaxed);
+        }
+
+        fn deallocated(
+            &self,
+            _addr: usize,
+            object_size: usize,
+            _wrapped_size: usize,
+            source_group_id: AllocationGroupId,
+            _current_group_id: AllocationGroupId,
+        ) {
+            LIVE[source_group_id.as_usize().get() % 16]
+                .fetch_sub(object_size as isize, Ordering::Relaxed);
+        }
+    }
+
+    /// The group every thread enters, registered once (its id; tokens are per thread).
+    static GROUP: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+
+    /// glibc's trim, as for the system allocator underneath.
+    pub fn trim() -> bool {
+        // SAFETY: malloc_trim takes no pointers and may be called at any time.
+        unsafe { libc::malloc_trim(0) };
+        true
+    }
+
+    /// Runs `f` inside the allocation group (one token per thread, as the crate wants).
+    pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
+        GROUP.get_or_init(|| {
+            let _ = AllocationRegistry::set_global_tracker(LiveBytes);
+            AllocationRegistry::enable_tracking();
+        });
+        let mut token = AllocationGroupToken::register().expect("a group");
+        let _guard = token.enter();
+        f()
     }
 }
 
@@ -141,7 +239,8 @@ mod chosen {
     feature = "alloc-tagalloc",
     feature = "alloc-system",
     feature = "alloc-mimalloc",
-    feature = "alloc-jemalloc"
+    feature = "alloc-jemalloc",
+    feature = "alloc-tracking"
 )))]
 mod chosen {
     pub const NAME: &str = "none";
@@ -163,4 +262,26 @@ pub const NOTE: &str = chosen::NOTE;
 /// Returns whether a hook was called.
 pub fn trim() -> bool {
     chosen::trim()
+}
+
+/// Runs `f` as a thread of the workload: inside the tag (`tagalloc-scoped`) or group
+/// (`tracking`) every thread enters; plainly for the other allocators.
+#[cfg(any(feature = "alloc-tagalloc-scoped", feature = "alloc-tracking"))]
+pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
+    chosen::in_thread(f)
+}
+
+/// Runs `f` as a thread of the workload (see the other builds' `in_thread`).
+#[cfg(not(any(feature = "alloc-tagalloc-scoped", feature = "alloc-tracking")))]
+pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// `std::thread::spawn` for the workloads: the new thread runs `f` through [`in_thread`].
+pub fn spawn<F, T>(f: F) -> std::thread::JoinHandle<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    std::thread::spawn(move || in_thread(f))
 }

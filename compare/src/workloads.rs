@@ -11,9 +11,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
 use std::sync::mpsc;
-use std::thread;
 
+use crate::allocator;
 use crate::rng::Rng;
+use std::thread;
 
 /// One named workload.
 pub struct Workload {
@@ -62,6 +63,11 @@ pub const ALL: &[Workload] = &[
         name: "threads",
         about: "thousands of short threads allocate a little; some objects outlive them",
         run: threads,
+    },
+    Workload {
+        name: "shortlived",
+        about: "10,000 threads, four alive at a time, ~1000 small objects each; 10% outlive them",
+        run: shortlived,
     },
     Workload {
         name: "large",
@@ -262,7 +268,7 @@ fn prodcons(scale: f64) -> u64 {
     const BATCH: usize = 256;
     let batches = scaled(36_000, scale);
     let (tx, rx) = mpsc::sync_channel::<Vec<Box<[u8]>>>(64);
-    let producer = thread::spawn(move || {
+    let producer = allocator::spawn(move || {
         let mut rng = Rng::new(0x9D0C);
         for b in 0..batches {
             let batch: Vec<Box<[u8]>> = (0..BATCH)
@@ -306,8 +312,8 @@ fn larson(scale: f64) -> u64 {
         }
         sum + slots.iter().map(|o| digest(o)).sum::<u64>()
     };
-    let a = thread::spawn(move || worker(0xA, to_b, from_b));
-    let b = thread::spawn(move || worker(0xB, to_a, from_a));
+    let a = allocator::spawn(move || worker(0xA, to_b, from_b));
+    let b = allocator::spawn(move || worker(0xB, to_a, from_a));
     a.join().expect("thread a panicked") + b.join().expect("thread b panicked")
 }
 
@@ -322,7 +328,7 @@ fn threads(scale: f64) -> u64 {
         let handles: Vec<_> = (0..2)
             .map(|t| {
                 let seed = (pair * 2 + t) as u64;
-                thread::spawn(move || {
+                allocator::spawn(move || {
                     let mut rng = Rng::new(seed);
                     let mut local: Vec<Box<[u8]>> = (0..100)
                         .map(|i| object(rng.range(8, 512), i as u8))
@@ -356,6 +362,56 @@ fn threads(scale: f64) -> u64 {
         .flatten()
         .map(|o| digest(&o))
         .sum::<u64>()
+}
+
+/// Many short-lived threads, as thread pools that spawn per task, test harnesses and rayon
+/// scopes make them: 10,000 threads, four alive at a time, each allocating about a thousand
+/// objects of 16-256 B (some freed at once, most kept until it ends), freeing most of them
+/// itself and handing a tenth to the spawning thread, which frees them after the thread has
+/// exited.
+fn shortlived(scale: f64) -> u64 {
+    const ALIVE: usize = 4;
+    let count = scaled(10_000, scale);
+    let mut sum = 0u64;
+    let mut pending: std::collections::VecDeque<thread::JoinHandle<(u64, Vec<Box<[u8]>>)>> =
+        std::collections::VecDeque::new();
+    let mut handed: Vec<Box<[u8]>> = Vec::new();
+    for t in 0..count {
+        if pending.len() == ALIVE {
+            let (s, kept) = pending
+                .pop_front()
+                .unwrap()
+                .join()
+                .expect("worker panicked");
+            sum += s;
+            handed.extend(kept);
+        }
+        pending.push_back(allocator::spawn(move || {
+            let mut rng = Rng::new(t as u64 ^ 0x5407);
+            let mut s = 0u64;
+            let mut held: Vec<Box<[u8]>> = Vec::with_capacity(800);
+            for i in 0..1000 {
+                let o = object(rng.range(16, 256), i as u8);
+                if i % 5 == 0 {
+                    s += digest(&o); // short-lived: freed at once
+                } else {
+                    held.push(o);
+                }
+            }
+            let kept: Vec<Box<[u8]>> = held.drain(..80).collect();
+            s += held.iter().map(|o| digest(o)).sum::<u64>();
+            (s, kept)
+        }));
+        if handed.len() >= 4_000 {
+            sum += handed.drain(..).map(|o| digest(&o)).sum::<u64>();
+        }
+    }
+    for h in pending {
+        let (s, kept) = h.join().expect("worker panicked");
+        sum += s;
+        handed.extend(kept);
+    }
+    sum + handed.iter().map(|o| digest(o)).sum::<u64>()
 }
 
 /// Large blocks, 64 KiB to 4 MiB (log-uniform), four alive at a time. Each is zero-allocated

@@ -64,8 +64,10 @@ fn main() -> ExitCode {
     // Allocated before the measured part so its growth is not counted.
     let mut held: Vec<Vec<u8>> = Vec::with_capacity(BATCH);
     let check = match mode {
-        "pair" => pairs(size, WARM_UP) + pairs(size, n),
-        "batch" => batches(size, WARM_UP, &mut held) + batches(size, n, &mut held),
+        "pair" => allocator::in_thread(|| pairs(size, WARM_UP) + pairs(size, n)),
+        "batch" => {
+            allocator::in_thread(|| batches(size, WARM_UP, &mut held) + batches(size, n, &mut held))
+        }
         _ => {
             eprintln!("mode must be pair or batch");
             return ExitCode::FAILURE;

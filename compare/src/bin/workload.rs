@@ -56,7 +56,7 @@ fn main() -> ExitCode {
 
     let cpu_start = rss::cpu_ms();
     let start = Instant::now();
-    let check = (workload.run)(scale);
+    let check = allocator::in_thread(|| (workload.run)(scale));
     let elapsed = start.elapsed();
     let cpu = rss::cpu_ms() - cpu_start;
 

@@ -94,6 +94,16 @@ fn ratio_columns(allocs: &[&str]) -> Vec<RatioColumn> {
             over: "tagalloc-child",
             under: &["tagalloc"],
         },
+        RatioColumn {
+            label: "tagalloc-scoped ÷ tagalloc",
+            over: "tagalloc-scoped",
+            under: &["tagalloc"],
+        },
+        RatioColumn {
+            label: "tagalloc-scoped ÷ tracking",
+            over: "tagalloc-scoped",
+            under: &["tracking"],
+        },
     ];
     candidates
         .into_iter()
