@@ -373,8 +373,9 @@ fn shortlived(scale: f64) -> u64 {
     const ALIVE: usize = 4;
     let count = scaled(10_000, scale);
     let mut sum = 0u64;
-    let mut pending: std::collections::VecDeque<thread::JoinHandle<(u64, Vec<Box<[u8]>>)>> =
-        std::collections::VecDeque::new();
+    /// A worker: its checksum and the objects it hands back.
+    type Worker = thread::JoinHandle<(u64, Vec<Box<[u8]>>)>;
+    let mut pending: std::collections::VecDeque<Worker> = std::collections::VecDeque::new();
     let mut handed: Vec<Box<[u8]>> = Vec::new();
     for t in 0..count {
         if pending.len() == ALIVE {
