@@ -84,7 +84,7 @@ pub(crate) const HOOK_CLOSED: u8 = 16;
 pub(crate) const HOOK_TAGS: u8 = 32;
 /// A cache that is new or dead sends everything down the general path, which checks the
 /// settings word itself and registers the cache.
-const HOOKS_UNREGISTERED: u8 = HOOK_ALLOC | HOOK_FREE;
+pub(super) const HOOKS_UNREGISTERED: u8 = HOOK_ALLOC | HOOK_FREE;
 
 /// Per-class allocation and free counts shared by exited threads and threads running
 /// without a cache (updated with read-modify-writes, from any thread).
@@ -616,7 +616,7 @@ struct IdleLane(Lane);
 // thread's list).
 unsafe impl Sync for IdleLane {}
 
-static IDLE_LANE: IdleLane = IdleLane(Lane::new(HOOKS_UNREGISTERED));
+static IDLE_LANE: IdleLane = IdleLane(Lane::idle());
 
 /// Writes a child lane's gate (see `lanes::gate`): its hooks byte, then every class's mark,
 /// closed unless the lane serves allocations without sampling (a sampling lane's owner
@@ -820,33 +820,73 @@ pub(crate) fn charge_tls(class: usize) -> SampleCharge {
 /// The small-free fast path of `SystemAllocator::dealloc`: pushes the block onto its bin.
 /// A full bin, records that may hold the block, or a cache only reachable through
 /// `thread_local!`, send it to `miss(ptr, size, align, class, cache)` (see
-/// [`allocate_gated`]).
+/// [`allocate_gated`]); once tags are in use (see [`HOOK_TAGS`]) every block goes to
+/// `tagged(ptr, size, align, class, cache)` instead, with a cache that is not null.
 ///
 /// # Safety
-/// `ptr` must be a live small block of `class` allocated with `layout`; `miss` must be
-/// safe to call with them.
+/// `ptr` must be a live small block of `class` allocated with `layout`; `miss` and `tagged`
+/// must be safe to call with them.
 #[inline(always)]
 pub(crate) unsafe fn free_gated(
     ptr: *mut u8,
     class: usize,
     layout: Layout,
     miss: unsafe fn(*mut u8, usize, usize, usize, CacheRef),
+    tagged: unsafe fn(*mut u8, usize, usize, usize, CacheRef),
 ) {
     // SAFETY: `tc` is this thread's cache (see `thread_pointer`); the rest is forwarded
     // from the caller.
     unsafe {
-        let tc: CacheRef = match thread_pointer::cache_address() {
-            Some(addr) => {
-                let tc = addr as CacheRef;
-                if (*tc).system().free_filtered(ptr, class) {
-                    return;
-                }
-                tc
-            }
-            None => ptr::null(),
+        let Some(addr) = thread_pointer::cache_address() else {
+            return miss(ptr, layout.size(), layout.align(), class, ptr::null());
         };
-        miss(ptr, layout.size(), layout.align(), class, tc)
+        let tc = addr as CacheRef;
+        let lane = (*tc).system();
+        let hooks = lane.hooks.load(Relaxed);
+        if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS) != 0 {
+            // Out of the straight line: records off and no tags is the case to keep short.
+            cold_path();
+            if hooks & HOOK_TAGS != 0 {
+                return tagged(ptr, layout.size(), layout.align(), class, tc);
+            }
+            if hooks & HOOK_FREE != 0 || records::global::maybe_sampled(ptr) {
+                return miss(ptr, layout.size(), layout.align(), class, tc);
+            }
+        }
+        if lane.bin_full(class) {
+            return miss(ptr, layout.size(), layout.align(), class, tc);
+        }
+        lane.push(lane.bin(class), ptr, class);
     }
+}
+
+/// Where tags are in use, [`free_gated`] sends every block to its `tagged` path, whose first
+/// step is this: the common scoped free, a block of the tag the thread is in (or of tag 0
+/// outside any scope), goes into the current lane with one look at the block's segment;
+/// `false` for anything else.
+///
+/// # Safety
+/// `tc` is the calling thread's cache as [`free_gated`] passed it to `tagged` (not null);
+/// `ptr` is a live small block of `class` allocated for `size` bytes (or a size up to the
+/// granted one).
+#[inline(always)]
+pub(crate) unsafe fn free_in_current_lane(
+    tc: CacheRef,
+    ptr: *mut u8,
+    class: usize,
+    size: usize,
+) -> bool {
+    // SAFETY: forwarded from the caller; `current` is one of this thread's lanes or the idle
+    // lane (whose tag no segment has); the block lies in a segment of `current`'s tag when
+    // the test passes.
+    unsafe {
+        let lane = &*(*tc).current.get();
+        if segment_tag(ptr) != lane.tag() || !lane.free_filtered(ptr, class) {
+            return false;
+        }
+        lane.sub_requested_fast(size);
+    }
+    true
 }
 
 /// Lane 0's [`Lane::free_filtered`] through `thread_local!`, for a block whose tag the
@@ -858,7 +898,7 @@ pub(crate) unsafe fn free_gated(
 pub(crate) unsafe fn free_filtered_tls(ptr: *mut u8, class: usize) -> bool {
     // SAFETY: forwarded from the caller (the caller asked the block for its tag); the cache
     // is this thread's own.
-    CACHE.with(|tc| unsafe { tc.system().free_filtered_with::<false>(ptr, class) })
+    CACHE.with(|tc| unsafe { tc.system().free_filtered(ptr, class) })
 }
 
 // ---- Child lanes: the paths of children with a tag (see `lanes`). ----
@@ -1062,7 +1102,7 @@ pub(crate) unsafe fn lane_free(
         let Some(lane) = lane_of_thread(lane) else {
             return false;
         };
-        if lane.free_filtered_with::<false>(ptr, class) {
+        if lane.free_filtered(ptr, class) {
             if requested {
                 lane.sub_requested(size);
             }
@@ -1235,7 +1275,7 @@ pub(crate) unsafe fn tag_free(
     // SAFETY: forwarded from the caller: the block is of the lane's tag.
     unsafe {
         if let Some(lane) = tc.lane_of(tag) {
-            if lane.free_filtered_with::<false>(ptr, class) {
+            if lane.free_filtered(ptr, class) {
                 lane.sub_requested(size);
                 return true;
             }
@@ -1259,7 +1299,7 @@ pub(crate) unsafe fn tag_free(
 #[inline(always)]
 pub(crate) unsafe fn free_untagged(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
     // SAFETY: forwarded from the caller.
-    unsafe { (*tc).system().free_filtered_with::<false>(ptr, class) }
+    unsafe { (*tc).system().free_filtered(ptr, class) }
 }
 
 /// The tag of the segment of a live small block (0: the `SystemAllocator`'s own).

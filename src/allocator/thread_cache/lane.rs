@@ -7,7 +7,7 @@
 //! of counters on every call. Every lane draws from and returns to the same heap: a bin
 //! holds free blocks of its class, whatever lane they were last allocated from.
 
-use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_TAGS, cold_path};
+use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, cold_path};
 use crate::records;
 use crate::schema::hpha::Tag;
 use crate::schema::hpha::size_class::{CLASS_COUNT, CLASS_SIZES, class_size};
@@ -157,9 +157,19 @@ pub(crate) struct Lane {
 
 impl Lane {
     pub(super) const fn new(hooks: u8) -> Self {
+        Self::with_tag(hooks, 0)
+    }
+
+    /// A lane that serves nothing (see `ThreadCache::current`): closed, empty, and of a tag
+    /// no segment has, so no free is ever pushed into it.
+    pub(super) const fn idle() -> Self {
+        Self::with_tag(super::HOOKS_UNREGISTERED, Tag::MAX)
+    }
+
+    const fn with_tag(hooks: u8, tag: Tag) -> Self {
         Self {
             hooks: AtomicU8::new(hooks),
-            tag: AtomicU16::new(0),
+            tag: AtomicU16::new(tag),
             heap: AtomicPtr::new(null_mut()),
             next: AtomicPtr::new(null_mut()),
             requested_in: AtomicUsize::new(0),
@@ -376,39 +386,21 @@ impl Lane {
 
     /// Pushes a block of `class` if the bin has room and the lane's hooks let it: records
     /// are off (lane 0), or only sample and the sample filter rules the block out (lane
-    /// 0), or the lane is open (a child lane); and (lane 0) no scoped tag was ever entered,
-    /// so the block cannot be a tag's.
+    /// 0), or the lane is open (a child lane). Lane 0's `HOOK_TAGS` is not asked: the caller
+    /// knows the block is of this lane's tag.
     ///
     /// # Safety
-    /// Owning thread; `ptr` is a live small block of `class`.
+    /// Owning thread; `ptr` is a live small block of `class` in a segment of this lane's tag.
     #[inline(always)]
     pub(super) unsafe fn free_filtered(&self, ptr: *mut u8, class: usize) -> bool {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.free_filtered_with::<true>(ptr, class) }
-    }
-
-    /// [`free_filtered`](Self::free_filtered) for a block known to be of this lane's tag
-    /// (`TAGS` false: `HOOK_TAGS` is not asked).
-    ///
-    /// # Safety
-    /// As for `free_filtered`; with `TAGS` false, `ptr` lies in a segment of this lane's tag.
-    #[inline(always)]
-    pub(super) unsafe fn free_filtered_with<const TAGS: bool>(
-        &self,
-        ptr: *mut u8,
-        class: usize,
-    ) -> bool {
-        let stop = HOOK_FREE | HOOK_FREE_SAMPLED | if TAGS { HOOK_TAGS } else { 0 };
         // SAFETY: forwarded from the caller.
         unsafe {
             let bin = self.bin(class);
             let hooks = self.hooks.load(Relaxed);
-            if hooks & stop != 0 {
+            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0 {
                 // Out of the straight line: records off is the case to keep short.
                 cold_path();
-                if hooks & (HOOK_FREE | if TAGS { HOOK_TAGS } else { 0 }) != 0
-                    || records::global::maybe_sampled(ptr)
-                {
+                if hooks & HOOK_FREE != 0 || records::global::maybe_sampled(ptr) {
                     return false;
                 }
             }
@@ -610,6 +602,25 @@ impl Lane {
     pub(super) fn sub_requested(&self, size: usize) {
         self.requested_out
             .store(self.requested_out.load(Relaxed).wrapping_add(size), Relaxed);
+    }
+
+    /// [`sub_requested`](Self::sub_requested) in one instruction where the target has one
+    /// (see [`add_requested_fast`](Self::add_requested_fast)).
+    #[inline(always)]
+    pub(super) fn sub_requested_fast(&self, size: usize) {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: as in `add_requested_fast`, for `requested_out`.
+        unsafe {
+            core::arch::asm!(
+                "add qword ptr [{lane} + {offset}], {size}",
+                lane = in(reg) ptr::from_ref(self),
+                offset = const core::mem::offset_of!(Lane, requested_out),
+                size = in(reg) size,
+                options(nostack),
+            );
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+        self.sub_requested(size);
     }
 
     /// Zeroes the counts and publication marks (the owner is retiring, everything has
