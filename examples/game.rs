@@ -3,16 +3,20 @@
 //!
 //! Run with `cargo run --release --example game`.
 //!
-//! The renderer, physics, audio and scripting each allocate through their own child of the
-//! SystemAllocator (textures are a child of the renderer); particles live in a thread pool
-//! shared by the worker threads; UI events come from a single-threaded pool. A frame loop
-//! runs physics and particles on worker threads, and frees on one thread what another
-//! allocated. At the end it prints O3DE's `sys_DumpAllocators` table, the allocator tree,
-//! and a JSON snapshot.
+//! The loader, renderer, physics, audio and scripting each have their own child of the
+//! SystemAllocator (textures are a child of the renderer). Most of their memory is ordinary
+//! std containers (`Vec`, `String`, `HashMap`) and a third-party crate (serde_json parsing
+//! the level), made inside each subsystem's *scoped tag* (`Renderer.scope(..)`, `.enter()`,
+//! `.bind(..)` for threads); rigid bodies and their contacts go through the physics
+//! allocator's handle instead (`ClassAllocator`, `allocator_api2` containers). Particles live
+//! in a thread pool shared by the worker threads; UI events come from a single-threaded
+//! pool. A frame loop runs physics and particles on worker threads, and frees on one thread
+//! what another allocated. At the end it prints O3DE's `sys_DumpAllocators` table, the
+//! allocator tree, and a JSON snapshot.
 
 use allocator_api2::boxed::Box as ABox;
 use allocator_api2::vec::Vec as AVec;
-use hashbrown::{DefaultHashBuilder, HashMap};
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::thread;
 use tagalloc::report::Snapshot;
@@ -21,6 +25,7 @@ use tagalloc::{BudgetEvent, BudgetMode, ClassAllocator, SystemAllocator};
 #[global_allocator]
 static GLOBAL: SystemAllocator = SystemAllocator::new();
 
+tagalloc::allocator!(pub LoaderAllocator: child of SystemAllocator, "The level description (serde_json)");
 tagalloc::allocator!(pub RendererAllocator: child of SystemAllocator, "Meshes, draw lists");
 tagalloc::allocator!(pub TextureAllocator: child of RendererAllocator, "Texture pixels");
 tagalloc::allocator!(pub PhysicsAllocator: child of SystemAllocator, "Rigid bodies, contacts");
@@ -36,7 +41,8 @@ tagalloc::allocator!(pub UiEventPool: pool of SystemAllocator, "UI events (one t
 const FRAMES: usize = 120;
 const WORKERS: usize = 2;
 
-/// A rigid body: created in the physics allocator (`AZ_CLASS_ALLOCATOR`).
+/// A rigid body: created in the physics allocator (`AZ_CLASS_ALLOCATOR`), through its
+/// handle; its contacts are an `allocator_api2` vector in the same allocator.
 struct RigidBody {
     position: [f32; 3],
     velocity: [f32; 3],
@@ -112,35 +118,75 @@ fn emit_particles(count: usize, rng: &mut Rng) -> AVec<ABox<Particle, ParticleAl
         .collect()
 }
 
-fn main() {
-    // Loading: textures and meshes, script graphs, audio banks.
-    let textures: AVec<AVec<u8, TextureAllocator>> = (0..12)
+/// The level file's text, as if read from disk (made outside any tag: the program's own).
+fn level_file() -> String {
+    let textures: Vec<String> = (0..12)
+        .map(|i| format!(r#"{{"name": "texture_{i}", "side": {}}}"#, 128 << (i % 3)))
+        .collect();
+    let meshes: Vec<String> = (0..200)
         .map(|i| {
-            let side = 128 << (i % 3);
-            let mut pixels = AVec::with_capacity_in(side * side * 4, TextureAllocator);
-            pixels.resize(side * side * 4, i as u8);
-            pixels
+            format!(
+                r#"{{"id": {i}, "vertices": {}, "material": "mat_{}"}}"#,
+                100 + i * 7,
+                i % 9
+            )
         })
         .collect();
-    let mut meshes: HashMap<u32, AVec<[f32; 8], RendererAllocator>, _, RendererAllocator> =
-        HashMap::with_hasher_in(DefaultHashBuilder::default(), RendererAllocator);
-    for id in 0..200u32 {
-        let mut vertices = AVec::new_in(RendererAllocator);
-        vertices.extend((0..(100 + id * 7)).map(|v| [v as f32; 8]));
-        meshes.insert(id, vertices);
-    }
-    let mut scripts: HashMap<String, AVec<u64, ScriptAllocator>, _, ScriptAllocator> =
-        HashMap::with_hasher_in(DefaultHashBuilder::default(), ScriptAllocator);
-    for g in 0..40 {
-        let mut nodes = AVec::new_in(ScriptAllocator);
-        nodes.extend(0..(50 * (g + 1)) as u64);
-        scripts.insert(format!("graph_{g}"), nodes);
-    }
+    let scripts: Vec<String> = (0..40)
+        .map(|g| format!(r#"{{"graph": "graph_{g}", "nodes": {}}}"#, 50 * (g + 1)))
+        .collect();
+    format!(
+        r#"{{"name": "Harbour", "textures": [{}], "meshes": [{}], "scripts": [{}]}}"#,
+        textures.join(", "),
+        meshes.join(", "),
+        scripts.join(", ")
+    )
+}
+
+/// A number in the level description.
+fn field(value: &serde_json::Value, key: &str) -> usize {
+    value[key].as_u64().expect("a number in the level") as usize
+}
+
+fn main() {
+    // Loading. The level description is parsed by serde_json inside the loader's tag: every
+    // block of the parsed tree is the loader's, though serde_json knows nothing of tagalloc.
+    let file = level_file();
+    let level: serde_json::Value =
+        LoaderAllocator.scope(|| serde_json::from_str(&file).expect("a valid level"));
+    drop(file);
+    // Textures, meshes and script graphs: std containers inside each subsystem's tag.
+    let textures: Vec<Vec<u8>> = TextureAllocator.scope(|| {
+        let list = level["textures"].as_array().unwrap();
+        list.iter()
+            .enumerate()
+            .map(|(i, t)| vec![i as u8; field(t, "side").pow(2) * 4])
+            .collect()
+    });
+    let meshes: HashMap<u32, Vec<[f32; 8]>> = RendererAllocator.scope(|| {
+        let list = level["meshes"].as_array().unwrap();
+        list.iter()
+            .map(|m| {
+                let vertices = (0..field(m, "vertices")).map(|v| [v as f32; 8]).collect();
+                (field(m, "id") as u32, vertices)
+            })
+            .collect()
+    });
+    let scripts: HashMap<String, Vec<u64>> = {
+        let _tag = ScriptAllocator.enter();
+        let list = level["scripts"].as_array().unwrap();
+        list.iter()
+            .map(|g| {
+                let name = g["graph"].as_str().unwrap().to_string();
+                (name, (0..field(g, "nodes") as u64).collect())
+            })
+            .collect()
+    };
     AudioAllocator.set_budget(Some(1 << 20), BudgetMode::Warn);
     AudioAllocator::registration()
         .budget()
         .set_hook(audio_budget_hook);
-    let mut voices: AVec<AVec<f32, AudioAllocator>> = AVec::new();
+    let mut voices: Vec<Vec<f32>> = AudioAllocator.scope(Vec::new);
 
     // Physics bodies live on the physics worker, particles are emitted by all workers.
     let (to_main, particles_in) = mpsc::channel::<AVec<ABox<Particle, ParticleAllocator>>>();
@@ -151,7 +197,8 @@ fn main() {
         .enumerate()
         .map(|(w, frames)| {
             let to_main = to_main.clone();
-            thread::spawn(move || {
+            // The worker runs inside the physics tag: its own scratch memory is physics'.
+            thread::spawn(PhysicsAllocator.bind(move || {
                 let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (w as u64 + 1));
                 let mut bodies: Vec<ABox<RigidBody, PhysicsAllocator>> = (0..300)
                     .map(|_| {
@@ -169,7 +216,7 @@ fn main() {
                 }
                 // The bodies outlive the worker: the main thread frees them at shutdown.
                 bodies
-            })
+            }))
         })
         .collect();
     drop(to_main);
@@ -195,11 +242,13 @@ fn main() {
         live_particles.retain(|p| p.life > 0.0);
         peak_particles = peak_particles.max(live_particles.len());
 
-        // Audio: start a voice now and then, stop old ones.
+        // Audio: start a voice now and then, stop old ones (a std Vec in the audio tag,
+        // which has a 1 MiB budget in Warn mode).
         if frame % 4 == 0 {
-            let mut buffer = AVec::with_capacity_in(48_000 / 4, AudioAllocator);
-            buffer.extend((0..48_000 / 4).map(|s| (s as f32 * 0.01).sin()));
-            voices.push(buffer);
+            AudioAllocator.scope(|| {
+                let buffer: Vec<f32> = (0..48_000 / 4).map(|s| (s as f32 * 0.01).sin()).collect();
+                voices.push(buffer);
+            });
         }
         if voices.len() > 40 {
             voices.remove(0);
@@ -211,11 +260,11 @@ fn main() {
             .collect();
         drop(events);
 
-        // Renderer: rebuild a draw list each frame.
-        let mut draw_list = AVec::with_capacity_in(meshes.len(), RendererAllocator);
-        draw_list.extend(meshes.keys().copied());
-        draw_list.sort_unstable();
-        drop(draw_list);
+        // Renderer: rebuild a draw list each frame (a std Vec in the renderer's tag).
+        RendererAllocator.scope(|| {
+            let mut draw_list: Vec<u32> = meshes.keys().copied().collect();
+            draw_list.sort_unstable();
+        });
     }
     drop(frame_tx);
     let bodies: Vec<ABox<RigidBody, PhysicsAllocator>> = workers
@@ -224,9 +273,10 @@ fn main() {
         .collect();
 
     println!(
-        "{FRAMES} frames on {WORKERS} workers: {} rigid bodies, {} particles alive \
+        "level {}: {FRAMES} frames on {WORKERS} workers: {} rigid bodies, {} particles alive \
          (peak {peak_particles}), {} voices, {} meshes, {} textures, {} script graphs; \
          audio went over its 1 MiB budget {} times",
+        level["name"].as_str().unwrap_or("?"),
         bodies.len(),
         live_particles.len(),
         voices.len(),
@@ -250,7 +300,16 @@ fn main() {
     let first = json.find("},{").map_or(json.as_str(), |end| &json[..=end]);
     println!("{first} …");
 
-    drop((live_particles, voices, meshes, scripts, textures, bodies));
+    drop((
+        live_particles,
+        voices,
+        meshes,
+        scripts,
+        textures,
+        bodies,
+        level,
+        particles_in,
+    ));
     let after = Snapshot::take();
     let leaked: Vec<_> = after
         .allocators

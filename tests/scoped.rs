@@ -29,6 +29,10 @@ tagalloc::allocator!(Watched: child of SystemAllocator, "Warn budget");
 tagalloc::allocator!(Async: child of SystemAllocator, "futures");
 tagalloc::allocator!(Bound: child of SystemAllocator, "bind");
 tagalloc::allocator!(Lean: child of SystemAllocator { requested_bytes: false }, "lean");
+tagalloc::allocator!(Host: child of SystemAllocator, "a scope that uses pools");
+tagalloc::allocator!(Sparks: thread_pool of SystemAllocator, "a thread pool used in a scope");
+tagalloc::allocator!(Events: pool of SystemAllocator, "a pool used in a scope");
+tagalloc::allocator!(Other: child of SystemAllocator, "a handle used in a scope");
 
 /// Live blocks, granted and requested bytes of a snapshot.
 fn live(st: &AllocatorStats) -> (usize, usize, Option<usize>) {
@@ -388,6 +392,33 @@ fn a_child_without_requested_bytes_can_be_entered() {
     assert!(st.live_granted_bytes >= start.live_granted_bytes + 1000);
     drop(v);
     assert_eq!(Lean.stats().live_blocks, start.live_blocks);
+}
+
+#[test]
+fn pools_and_other_handles_used_inside_a_scope_keep_their_blocks_out_of_it() {
+    let (host0, other0) = (Host.stats(), Other.stats());
+    let (sparks, events, other, zeroed) = Host.scope(|| {
+        // Pool pages come from the SystemAllocator as a parent, not through the global
+        // allocator: they are the pools', not the scope's.
+        let sparks: Vec<_> = (0..2000)
+            .map(|i| allocator_api2::boxed::Box::new_in([i as u8; 48], Sparks))
+            .collect();
+        let events: Vec<_> = (0..50)
+            .map(|i| allocator_api2::boxed::Box::new_in([i as u32; 8], Events))
+            .collect();
+        // Another child's handle counts in that child only.
+        let other = allocator_api2::vec::Vec::<u8, _>::with_capacity_in(100_000, Other);
+        let zeroed = allocator_api2::boxed::Box::<[u8; 300_000], _>::new_zeroed_in(Other);
+        (sparks, events, other, zeroed)
+    });
+    let host = Host.stats();
+    // Only the two std vectors holding the boxes are the scope's.
+    assert_eq!(host.live_blocks, host0.live_blocks + 2);
+    assert_eq!(Other.stats().live_blocks, other0.live_blocks + 2);
+    assert!(Sparks.stats().live_blocks >= 2000 && Events.stats().live_blocks >= 50);
+    drop((sparks, events, other, zeroed));
+    assert_eq!(live(&Host.stats()), live(&host0));
+    assert_eq!(live(&Other.stats()), live(&other0));
 }
 
 #[test]

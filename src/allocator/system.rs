@@ -202,11 +202,7 @@ unsafe impl GlobalAlloc for SystemAllocator {
         if tag != 0 {
             return scoped_general(layout, tag, true);
         }
-        if records::global::alloc_hooked() {
-            // SAFETY: as in `alloc`.
-            return unsafe { records::global::alloc(layout, alloc_zeroed_plain) };
-        }
-        alloc_zeroed_plain(layout)
+        alloc_zeroed_unscoped(layout)
     }
 
     #[inline]
@@ -245,6 +241,18 @@ unsafe impl GlobalAlloc for SystemAllocator {
 }
 
 // ---- Scoped tags: the global allocator's calls while a tag is entered (see `scope`). ----
+
+/// `GlobalAlloc::alloc_zeroed` without a scoped tag (also the `BlockAllocator`'s, whose
+/// blocks are never a scope's).
+#[inline]
+fn alloc_zeroed_unscoped(layout: Layout) -> *mut u8 {
+    if records::global::alloc_hooked() {
+        // SAFETY: a valid layout with a non-zero size (GlobalAlloc's and BlockAllocator's
+        // contracts).
+        return unsafe { records::global::alloc(layout, alloc_zeroed_plain) };
+    }
+    alloc_zeroed_plain(layout)
+}
 
 /// The child that owns `tag`, whose paths serve a scoped call.
 fn scoped_owner(tag: Tag) -> &'static crate::child::ChildOps {
@@ -500,8 +508,7 @@ fn allocate_granted_slow(layout: Layout) -> Option<Allocation> {
 fn allocate_granted_zeroed_slow(layout: Layout) -> Option<Allocation> {
     // A non-zero size that `fast_class` leaves out has no small class either.
     debug_assert!(class_for(layout.size(), layout.align()).is_none());
-    // SAFETY: `layout` has a non-zero size (BlockAllocator's contract).
-    let ptr = NonNull::new(unsafe { SystemAllocator::new().alloc_zeroed(layout) })?;
+    let ptr = NonNull::new(alloc_zeroed_unscoped(layout))?;
     // SAFETY: `ptr` was just allocated with `layout`.
     let size = unsafe { HEAP.usable_size(ptr, layout) };
     Some(Allocation { ptr, size })

@@ -76,22 +76,24 @@ unsafe impl PageParent for System {
     }
 }
 
-// SAFETY: the SystemAllocator's heap keeps GlobalAlloc's contract; it draws memory from the
-// OS layer only, never from a pool schema.
+// SAFETY: the SystemAllocator's heap keeps GlobalAlloc's contract (its `BlockAllocator`
+// calls are the same operations, never routed to a scoped tag); it draws memory from the OS
+// layer only, never from a pool schema.
 unsafe impl PageParent for SystemAllocator {
     #[inline]
     fn allocate_page(&self, layout: Layout) -> Option<NonNull<u8>> {
         if layout.size() == 0 {
             return None;
         }
-        // SAFETY: the layout has a non-zero size.
-        NonNull::new(unsafe { GlobalAlloc::alloc(self, layout) })
+        // A pool's pages are its own, whatever tag the thread that needs one has entered:
+        // the `BlockAllocator` call, not the global allocator's.
+        crate::BlockAllocator::allocate_block(*self, layout).map(|block| block.ptr)
     }
 
     #[inline]
     unsafe fn free_page(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded from the caller: `ptr` came from `alloc` with this layout.
-        unsafe { GlobalAlloc::dealloc(self, ptr.as_ptr(), layout) }
+        // SAFETY: forwarded from the caller: `ptr` came from `allocate_page` with this layout.
+        unsafe { crate::BlockAllocator::deallocate_block(*self, ptr, layout) };
     }
 
     #[inline]
