@@ -31,7 +31,9 @@
 //! Records follow the hierarchy as the statistics do: a block of a child is also a block of
 //! every allocator above it, so each of them that records has a record of it (a parent's
 //! records, like its Used figure, include its children's), and a dump of several levels
-//! lists the block under each.
+//! lists the block under each. Totals count it once: the leak report's first line and the
+//! DHAT and pprof profiles put each block under the innermost allocator that recorded it
+//! (the rules, sampling included, are in `src/report/owners.rs`).
 //!
 //! Set a mode in code, on a handle (`Renderer.set_records(RecordMode::full())`) or on the
 //! `SystemAllocator` (`GLOBAL.set_records(..)`), or at start-up with the environment:
@@ -109,7 +111,9 @@ mod unwind;
 
 pub use mode::{RecordMode, RecordSettings};
 pub use sample::{sample_probability, sample_weight};
-pub use snapshot::{CallSite, Frame, Record, RecordsSnapshot, StackInfo, Symbol, snapshot};
+pub use snapshot::{
+    CallSite, Frame, Record, RecordsAllocator, RecordsSnapshot, StackInfo, Symbol, snapshot,
+};
 
 use crate::registry::{self, Registration};
 use core::alloc::Layout;

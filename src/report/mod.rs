@@ -49,6 +49,7 @@ mod csv;
 mod dhat;
 pub(crate) mod exit;
 mod json;
+mod owners;
 mod records;
 mod records_json;
 mod tree;
@@ -278,11 +279,18 @@ impl RecordsSnapshot {
     }
 
     /// The snapshot as a DHAT heap profile, the JSON `dhat-rs` writes: save it as
-    /// `dhat-heap.json` and open it in DHAT's viewer (`dh_view.html`, online at
-    /// <https://nnethercote.github.io/dh_view/dh_view.html>). Resolve first for symbols.
+    /// `dhat-heap.json` and open it in DHAT's viewer (`dh_view.html`, installed by valgrind
+    /// at `/usr/libexec/valgrind/dh_view.html`, online at
+    /// <https://nnethercote.github.io/dh_view/dh_view.html>) or in the Firefox Profiler
+    /// (<https://profiler.firefox.com>, "Load a profile from file").
+    ///
+    /// Every block counts once, under the innermost allocator that recorded it; the
+    /// viewer's tree splits by allocator first (see `src/report/dhat.rs`). A snapshot not
+    /// yet [resolved](Self::resolve) is resolved in a copy first: the frames name the
+    /// functions, and a child's call sites are matched with its parent's by them.
     pub fn to_dhat_json(&self) -> String {
         let _busy = Busy::enter();
-        dhat::render(self)
+        with_resolved(self, dhat::render)
     }
 
     /// The snapshot as JSON:
@@ -304,6 +312,17 @@ impl RecordsSnapshot {
     pub fn to_json(&self) -> String {
         let _busy = Busy::enter();
         records_json::render(self)
+    }
+}
+
+/// Runs `f` on `snapshot`, resolved (in a copy if it is not yet).
+fn with_resolved<R>(snapshot: &RecordsSnapshot, f: impl FnOnce(&RecordsSnapshot) -> R) -> R {
+    if snapshot.is_resolved() {
+        f(snapshot)
+    } else {
+        let mut copy = snapshot.clone();
+        copy.resolve();
+        f(&copy)
     }
 }
 
