@@ -151,6 +151,64 @@ fn a_block_recorded_by_a_child_and_its_parent_counts_once() {
         assert!(text.contains("parents_own_block"), "{text}");
     }
 
+    // pprof: the same figures, each block once, labelled with its allocator.
+    let live_bytes: u64 = points.iter().map(|p| p.3).sum();
+    let profile = report::pprof_profile();
+    let decoded = common::pprof::decode(&profile);
+    assert_eq!(
+        decoded.sample_types,
+        [
+            "alloc_objects/count",
+            "alloc_space/bytes",
+            "inuse_objects/count",
+            "inuse_space/bytes"
+        ]
+    );
+    assert_eq!(decoded.period, ("space/bytes".to_string(), 1));
+    assert_eq!(decoded.total(0, None), 12);
+    assert_eq!(decoded.total(2, None), 2);
+    assert_eq!(decoded.total(3, None), live_bytes as i64);
+    assert_eq!(decoded.total(0, Some(("allocator", "Loader"))), 11);
+    assert_eq!(decoded.total(2, Some(("allocator", "SystemAllocator"))), 1);
+    assert!(
+        decoded
+            .samples
+            .iter()
+            .all(|(_, labels)| labels.iter().any(|(k, _)| k == "allocator"))
+    );
+    if common::pprof::go_pprof_installed() {
+        let dir = common::viewers::scratch_dir("pprof");
+        let file = dir.join("heap.pb.gz");
+        std::fs::write(&file, &profile).unwrap();
+        let raw = common::pprof::go_pprof(&["-raw"], &file);
+        assert!(
+            raw.contains(
+                "alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes"
+            ) && raw.contains("PeriodType: space bytes"),
+            "{raw}"
+        );
+        assert!(raw.contains("allocator:[Loader]"), "{raw}");
+        let tags = common::pprof::go_pprof(&["-tags"], &file);
+        let allocators = &tags[tags.find("allocator: Total").expect("allocator tags")..];
+        let allocators = &allocators[..allocators.find("\n\n").unwrap_or(allocators.len())];
+        assert!(
+            allocators.contains("): Loader") && allocators.contains("): SystemAllocator"),
+            "{tags}"
+        );
+        let top = common::pprof::go_pprof(&["-top", "-sample_index=alloc_objects"], &file);
+        assert!(top.contains("Total samples = 12"), "{top}");
+        assert!(top.contains("churn_through_loader"), "{top}");
+        let top = common::pprof::go_pprof(&["-top"], &file);
+        assert!(
+            top.contains(&format!("Total samples = {live_bytes}B")),
+            "{live_bytes} B live:\n{top}"
+        );
+        let loader = common::pprof::go_pprof(&["-top", "-tagfocus=allocator=Loader"], &file);
+        assert!(loader.contains("leak_one_block"), "{loader}");
+        assert!(!loader.contains("parents_own_block"), "{loader}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     // SAFETY: allocated above with this layout.
     unsafe { SystemAllocator::new().dealloc(own, Layout::from_size_align(300, 8).unwrap()) };
 }

@@ -1,8 +1,9 @@
 //! Each block counted once.
 //!
-//! A child's block is also a block of every allocator above it, so when a child and an
-//! ancestor both record, two records name one block (same address and size) and two call
-//! sites count it. Totals (the leak report's first line, every figure of the DHAT and pprof
+//! A child's block is also a block of every allocator above it (up to the first that is not
+//! a child: a pool's blocks lie inside pages it took from its parent, and those pages are
+//! the parent's blocks), so when a child and an ancestor both record, two records name one
+//! block (same address and size) and two call sites count it. Totals (the leak report's first line, every figure of the DHAT and pprof
 //! profiles) count each block once, under the innermost allocator that recorded it; the
 //! per-allocator sections of the text reports still list a block under each allocator that
 //! recorded it, and say how much of it is a descendant's.
@@ -26,23 +27,43 @@
 //! ancestor's matching sites largest first: the totals stay exact, the split among those
 //! sites is approximate.
 
+use crate::AllocatorKind;
 use crate::records::{CallSite, Record, RecordMode, RecordsSnapshot};
 use std::collections::{HashMap, HashSet};
 
-/// Whether the allocator at registry `index` counts in totals: not when it samples under an
-/// ancestor that samples (see the [module docs](self)).
+/// The allocators whose blocks the blocks of the allocator at registry `index` also are,
+/// nearest first: a child hands its parent's blocks on as they are, so they are blocks of
+/// its parent, and of the parent's parent if the parent is a child too. A pool's blocks are
+/// not its parent's blocks: they lie inside the pages it took from the parent (which are).
+fn holders(snapshot: &RecordsSnapshot, index: usize) -> impl Iterator<Item = usize> + '_ {
+    let mut at = snapshot.allocator(index);
+    let mut left = snapshot.allocators.len();
+    core::iter::from_fn(move || {
+        let a = at.filter(|a| a.kind == AllocatorKind::Child)?;
+        left = left.checked_sub(1)?;
+        at = snapshot.allocator(a.parent?);
+        at.map(|p| p.index)
+    })
+}
+
+/// Whether the allocator at registry `index` counts in totals: not when it samples and an
+/// allocator holding its blocks samples too (see the [module docs](self)).
 fn counts(snapshot: &RecordsSnapshot, index: usize) -> bool {
-    let samples = |mode: RecordMode| matches!(mode, RecordMode::Sample { .. });
-    let own = snapshot.allocator(index).map(|a| a.mode);
-    !(own.is_some_and(samples) && snapshot.ancestors(index).any(|a| samples(a.mode)))
+    let samples = |i: usize| {
+        snapshot
+            .allocator(i)
+            .is_some_and(|a| matches!(a.mode, RecordMode::Sample { .. }))
+    };
+    !(samples(index) && holders(snapshot, index).any(samples))
 }
 
 fn depth(snapshot: &RecordsSnapshot, index: usize) -> usize {
     snapshot.ancestors(index).count()
 }
 
-fn is_ancestor(snapshot: &RecordsSnapshot, ancestor: usize, of: usize) -> bool {
-    snapshot.ancestors(of).any(|a| a.index == ancestor)
+/// Whether the blocks of allocator `of` are blocks of allocator `holder` too.
+fn holds(snapshot: &RecordsSnapshot, holder: usize, of: usize) -> bool {
+    holders(snapshot, of).any(|a| a == holder)
 }
 
 /// One live block, counted once.
@@ -84,15 +105,15 @@ pub(crate) fn live_blocks(snapshot: &RecordsSnapshot) -> Blocks<'_> {
     let mut inner = vec![None; records.len()];
     for mut group in groups {
         // Innermost first; a record joins the block of the first deeper record whose
-        // allocator it is an ancestor of (records of unrelated allocators at one address
-        // are different blocks: a pool's block at the start of its page, say).
+        // blocks its allocator holds (records of other allocators at one address are
+        // different blocks: a pool's block at the start of its page, say).
         group.sort_by_key(|&i| core::cmp::Reverse(depth(snapshot, records[i].allocator_index)));
         let mut blocks: Vec<Vec<usize>> = Vec::new();
         for i in group {
             let a = records[i].allocator_index;
             match blocks
                 .iter_mut()
-                .find(|b| is_ancestor(snapshot, a, records[b[0]].allocator_index))
+                .find(|b| holds(snapshot, a, records[b[0]].allocator_index))
             {
                 Some(block) => block.push(i),
                 None => blocks.push(vec![i]),
@@ -176,17 +197,16 @@ pub(crate) fn own_sites(snapshot: &RecordsSnapshot) -> Vec<OwnSite> {
         .collect();
     let mut own: Vec<CallSite> = sites.clone();
     for (d, site) in sites.iter().enumerate().filter(|(d, _)| counted[*d]) {
-        // The nearest ancestor whose sites count and include this site's blocks.
-        let Some(above) = snapshot
-            .ancestors(site.allocator_index)
-            .find(|a| with_sites.contains(&a.index) && counts(snapshot, a.index))
+        // The nearest allocator holding this site's blocks whose sites count.
+        let Some(above) = holders(snapshot, site.allocator_index)
+            .find(|&a| with_sites.contains(&a) && counts(snapshot, a))
         else {
             continue;
         };
         let mut candidates: Vec<(usize, usize)> = sites
             .iter()
             .enumerate()
-            .filter(|(c, s)| s.allocator_index == above.index && counted[*c])
+            .filter(|(c, s)| s.allocator_index == above && counted[*c])
             .filter_map(|(c, _)| Some((c, shared_prefix(&keys[d], &keys[c])?)))
             .collect();
         candidates.sort_by(|&(a, pa), &(b, pb)| {
@@ -244,7 +264,7 @@ pub(crate) fn chain(snapshot: &RecordsSnapshot, index: usize) -> Vec<&'static st
         .allocator(index)
         .into_iter()
         .chain(snapshot.ancestors(index))
-        .filter(|a| a.kind != crate::AllocatorKind::Os)
+        .filter(|a| a.kind != AllocatorKind::Os)
         .map(|a| a.name)
         .collect();
     names.reverse();
@@ -264,7 +284,6 @@ pub(crate) fn why_empty(snapshot: &RecordsSnapshot) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::AllocatorKind;
     use crate::records::{RecordsAllocator, StackInfo};
 
     const SAMPLE: RecordMode = RecordMode::Sample {
@@ -468,6 +487,21 @@ mod tests {
         s.allocators[3].parent = Some(1); // Parser is the Loader's sibling here
         s.records = vec![record(2, 0x1000, 64, 1.0), record(3, 0x1000, 64, 1.0)];
         assert_eq!(live_blocks(&s).counted.len(), 2);
+    }
+
+    #[test]
+    fn a_pools_blocks_are_not_its_parents_blocks() {
+        let full = RecordMode::full();
+        let mut s = snapshot([full, RecordMode::Basic, RecordMode::Off]);
+        s.allocators[2].kind = AllocatorKind::Pool;
+        // The pool's first block starts its page; the page is the parent's block.
+        s.records = vec![record(1, 0x1000, 65536, 1.0), record(2, 0x1000, 64, 1.0)];
+        s.records.push(record(2, 0x1000, 65536, 1.0)); // not a real case: same size too
+        let blocks = live_blocks(&s);
+        assert_eq!(blocks.counted.len(), 3);
+        assert_eq!(blocks.inner, vec![None; 3]);
+        s.sites = vec![site(2, 0, 10.0, 10.0, 64.0), site(1, 3, 1.0, 1.0, 65536.0)];
+        assert_eq!(totals(&own_sites(&s)).0, 11.0, "nothing subtracted");
     }
 
     #[test]
