@@ -18,14 +18,19 @@
 //!   allocator of the blocks both sampled.
 //!
 //! Live blocks are matched by address. Call-site totals (bytes allocated, lifetimes, the
-//! most live at once) outlive their blocks, so an allocator's *own* figures at a call site
-//! are its figures minus those of its nearest recording descendants at the same call site
-//! (the same frames, or one's frames a prefix of the other's when they keep different
-//! depths; a site without frames matches any). That is exact when both recorded every block
-//! since the same moment, an estimate when either samples, and never below zero. When the
-//! descendant keeps fewer frames than the ancestor, its figures are taken from the
-//! ancestor's matching sites largest first: the totals stay exact, the split among those
-//! sites is approximate.
+//! most live at once) outlive their blocks, so they are matched by call site: a child's site
+//! and its nearest recording holder's site match when they show the same frames, or one's
+//! frames are a prefix of the other's (they keep different depths); a site without frames
+//! (basic records) matches any.
+//!
+//! - Matching frames of a child that records every block: the holder's site is the child's
+//!   blocks and nothing else (its first frame is one call instruction, which reaches one
+//!   allocator), so it is left out and the child's exact figures stand. This keeps a
+//!   sampling parent's estimate of a recorded child's blocks from leaving noise behind.
+//! - Otherwise the holder's *own* figures at a site are its figures minus the child's: exact
+//!   when both recorded every block since the same moment, an estimate when either samples,
+//!   never below zero. A child's site without frames is taken from the holder's matching
+//!   sites largest first: the totals stay right, the split among those sites is approximate.
 
 use crate::AllocatorKind;
 use crate::records::{CallSite, Record, RecordMode, RecordsSnapshot};
@@ -48,13 +53,20 @@ fn holders(snapshot: &RecordsSnapshot, index: usize) -> impl Iterator<Item = usi
 
 /// Whether the allocator at registry `index` counts in totals: not when it samples and an
 /// allocator holding its blocks samples too (see the [module docs](self)).
-fn counts(snapshot: &RecordsSnapshot, index: usize) -> bool {
+pub(crate) fn counts(snapshot: &RecordsSnapshot, index: usize) -> bool {
     let samples = |i: usize| {
         snapshot
             .allocator(i)
             .is_some_and(|a| matches!(a.mode, RecordMode::Sample { .. }))
     };
     !(samples(index) && holders(snapshot, index).any(samples))
+}
+
+/// Whether the allocator at registry `index` records every block (basic or full).
+fn exact(snapshot: &RecordsSnapshot, index: usize) -> bool {
+    snapshot
+        .allocator(index)
+        .is_some_and(|a| matches!(a.mode, RecordMode::Basic | RecordMode::Full { .. }))
 }
 
 fn depth(snapshot: &RecordsSnapshot, index: usize) -> usize {
@@ -196,6 +208,8 @@ pub(crate) fn own_sites(snapshot: &RecordsSnapshot) -> Vec<OwnSite> {
         .map(|(s, _)| s.allocator_index)
         .collect();
     let mut own: Vec<CallSite> = sites.clone();
+    // Sites of a holder that are wholly a child's (see below).
+    let mut childs = vec![false; sites.len()];
     for (d, site) in sites.iter().enumerate().filter(|(d, _)| counted[*d]) {
         // The nearest allocator holding this site's blocks whose sites count.
         let Some(above) = holders(snapshot, site.allocator_index)
@@ -209,6 +223,19 @@ pub(crate) fn own_sites(snapshot: &RecordsSnapshot) -> Vec<OwnSite> {
             .filter(|(c, s)| s.allocator_index == above && counted[*c])
             .filter_map(|(c, _)| Some((c, shared_prefix(&keys[d], &keys[c])?)))
             .collect();
+        // An exact child's call site sharing frames with the holder's: the holder's blocks
+        // there all went through the child (the first frame shown is one call instruction,
+        // which reaches one allocator), so they are the child's and its exact figures stand
+        // for them. Subtracting would leave the holder the noise of its estimate when it
+        // samples.
+        if exact(snapshot, site.allocator_index) && candidates.iter().any(|&(_, n)| n > 0) {
+            for &(c, n) in &candidates {
+                if n > 0 {
+                    childs[c] = true;
+                }
+            }
+            continue;
+        }
         candidates.sort_by(|&(a, pa), &(b, pb)| {
             pb.cmp(&pa)
                 .then(own[b].live_bytes.total_cmp(&own[a].live_bytes))
@@ -225,8 +252,9 @@ pub(crate) fn own_sites(snapshot: &RecordsSnapshot) -> Vec<OwnSite> {
         }
     }
     let mut out = Vec::new();
-    for ((mut mine, site), counted) in own.into_iter().zip(sites).zip(counted) {
-        if !counted {
+    for (((mut mine, site), counted), childs) in own.into_iter().zip(sites).zip(counted).zip(childs)
+    {
+        if !counted || childs {
             continue;
         }
         for field in ADDITIVE {
@@ -479,6 +507,22 @@ mod tests {
         let system = own.iter().find(|o| o.site.allocator_index == 1).unwrap();
         assert_eq!(system.site.total_blocks, 14.0);
         assert_eq!(system.site.live_blocks, 0.0, "never below zero");
+    }
+
+    #[test]
+    fn a_sampling_parents_site_with_an_exact_childs_frames_is_the_childs() {
+        let mut s = snapshot([SAMPLE, RecordMode::full(), RecordMode::Off]);
+        // The parent's estimate at the child's call site (34 blocks) is noise around the
+        // child's exact 20: the site is the child's; the parent keeps its other site.
+        s.sites = vec![
+            site(2, 1, 20.0, 2.0, 256.0),
+            site(1, 2, 34.0, 2.0, 256.0),
+            site(1, 3, 17.0, 0.0, 256.0),
+        ];
+        let own = own_sites(&s);
+        assert_eq!(own.len(), 2);
+        assert_eq!(totals(&own).0, 37.0);
+        assert!(own.iter().all(|o| o.site.stack != 2));
     }
 
     #[test]

@@ -397,13 +397,13 @@ pub(crate) fn render(snapshot: &RecordsSnapshot) -> Vec<u8> {
     }
 
     // The sampling interval of the allocators whose samples count (the smallest if they
-    // differ); 1 when every counted allocation is recorded.
+    // differ); 1 when none samples (every allocation recorded).
     let counted: std::collections::HashSet<usize> =
         sites.iter().map(|s| s.site.allocator_index).collect();
     let period = snapshot
         .allocators
         .iter()
-        .filter(|a| counted.contains(&a.index))
+        .filter(|a| owners::counts(snapshot, a.index))
         .filter_map(|a| match a.mode {
             RecordMode::Sample { interval, .. } => Some(interval),
             _ => None,
