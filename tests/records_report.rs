@@ -357,6 +357,19 @@ fn sampled_records_estimate_the_true_totals() {
         (bytes_estimate - true_bytes).abs() / true_bytes < 0.3,
         "{bytes_estimate}"
     );
+    // The leak report says how precise the estimate is: √(N/T) = √(4096 / 1 MB), 6.3%,
+    // estimated from the samples (the only sampled records in this binary).
+    let mut leaks = Vec::new();
+    report::dump_leaks(&mut leaks).unwrap();
+    let leaks = String::from_utf8(leaks).unwrap();
+    let at = leaks
+        .find("(estimated from samples: the bytes within ±")
+        .unwrap_or_else(|| panic!("{leaks}"))
+        + "(estimated from samples: the bytes within ±".len();
+    let percent: f64 = leaks[at..leaks[at..].find('%').unwrap() + at]
+        .parse()
+        .unwrap();
+    assert!(percent > 4.0 && percent < 9.0, "{percent}% in\n{leaks}");
     drop(blocks);
     assert_eq!(
         records::live_totals(SampledChild::registration()).records,

@@ -1,5 +1,6 @@
-//! Applying `TAGALLOC_RECORDS` (parsed by [`config`](super::config)) and the files written at
-//! exit: `TAGALLOC_REPORT` (the text report), `TAGALLOC_DHAT` (a DHAT profile) and
+//! Applying `TAGALLOC_RECORDS` (parsed by [`config`](super::config)), `TAGALLOC_SAMPLE_SEED`
+//! (see [`set_sample_seed`](super::set_sample_seed)) and the files written at exit:
+//! `TAGALLOC_REPORT` (the text report), `TAGALLOC_DHAT` (a DHAT profile) and
 //! `TAGALLOC_PPROF` (a pprof heap profile).
 //!
 //! The variables are read once, under a three-state flag (unread, being read, read); the
@@ -119,6 +120,16 @@ fn read_slow() {
         unsafe { *CONFIG.0.get() = config };
         wants_exit_hook |= !config.entries().is_empty();
     }
+    if let Some(text) = env_bytes(c"TAGALLOC_SAMPLE_SEED") {
+        match parse_seed(text) {
+            Some(seed) => super::sample::set_sample_seed(Some(seed)),
+            None => crate::config::warn_bad_value(
+                "TAGALLOC_SAMPLE_SEED",
+                text,
+                "expected a number (0 to 18446744073709551615)",
+            ),
+        }
+    }
     for (i, file) in ExitFile::ALL.into_iter().enumerate() {
         let Some(path) = env_bytes(file.variable()) else {
             continue;
@@ -151,6 +162,18 @@ fn read_slow() {
             write_stderr(b"tagalloc: atexit failed; no exit report will be written\n");
         }
     }
+}
+
+/// A decimal `u64`, spaces around it allowed.
+fn parse_seed(text: &[u8]) -> Option<u64> {
+    let text = text.trim_ascii();
+    if text.is_empty() {
+        return None;
+    }
+    text.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))?
+    })
 }
 
 /// The parsed `TAGALLOC_RECORDS` (empty until read).
@@ -318,4 +341,20 @@ extern "C" fn at_exit() {
         exit_path(ExitFile::Dhat),
         exit_path(ExitFile::Pprof),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_seed;
+
+    #[test]
+    fn seeds_parse_or_are_refused() {
+        assert_eq!(parse_seed(b" 42 "), Some(42));
+        assert_eq!(parse_seed(b"0"), Some(0));
+        assert_eq!(parse_seed(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_seed(b"18446744073709551616"), None);
+        assert_eq!(parse_seed(b""), None);
+        assert_eq!(parse_seed(b"-1"), None);
+        assert_eq!(parse_seed(b"0x10"), None);
+    }
 }

@@ -110,7 +110,7 @@ mod table;
 mod unwind;
 
 pub use mode::{RecordMode, RecordSettings};
-pub use sample::{sample_probability, sample_weight};
+pub use sample::{sample_probability, sample_seed, sample_weight, set_sample_seed};
 pub use snapshot::{
     CallSite, Frame, Record, RecordsAllocator, RecordsSnapshot, StackInfo, Symbol, snapshot,
 };
@@ -387,7 +387,11 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
         KIND_FULL => (1.0, false, frames),
         KIND_SAMPLE => {
             let interval = word >> 16;
-            let seed = || clock::ticks() ^ (u64::from(guard::thread_id()) << 32) ^ addr as u64;
+            let seed = || {
+                sample::generator_seed(|| {
+                    clock::ticks() ^ (u64::from(guard::thread_id()) << 32) ^ addr as u64
+                })
+            };
             match guard::with_sampler(|s| s.charge(interval, layout.size(), seed)) {
                 Some(weight) => (weight, true, frames),
                 None => return,

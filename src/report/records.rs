@@ -254,6 +254,20 @@ pub(crate) fn write_leaks(snapshot: &RecordsSnapshot, out: &mut dyn Write) -> io
         blocks(count, estimate),
         if allocators == 1 { "" } else { "s" }
     )?;
+    if estimate && bytes > 0.0 {
+        // Each sampled block stands for w blocks with probability 1/w: the estimate's
+        // variance is estimated by the sum of w (w - 1) s² over the samples.
+        let variance: f64 = live
+            .iter()
+            .filter(|b| b.sampled)
+            .map(|b| b.weight * (b.weight - 1.0) * (b.record.size as f64).powi(2))
+            .sum();
+        writeln!(
+            out,
+            "(estimated from samples: the bytes within ±{:.1}% at one standard error)",
+            100.0 * variance.sqrt() / bytes
+        )?;
+    }
     writeln!(
         out,
         "(only allocators with records are listed; blocks allocated before records were \
