@@ -41,11 +41,13 @@
 //! ```text
 //! TAGALLOC_RECORDS="Script Canvas=full,SystemAllocator=sample:512KiB"
 //! TAGALLOC_REPORT=/tmp/memory-at-exit.txt
+//! TAGALLOC_DHAT=/tmp/dhat-heap.json TAGALLOC_PPROF=/tmp/heap.pb.gz
 //! ```
 //!
 //! (the syntax is in [`config`]). Reports read a [`RecordsSnapshot`]: see
 //! [`report`](crate::report) for the records dump, the call-site summary, the leak report,
-//! the DHAT profile and the JSON dump.
+//! the DHAT and pprof profiles and the JSON dump; `docs/records.md` says how to open the
+//! profiles and how precise sampled estimates are.
 //!
 //! ```
 //! use allocator_api2::vec::Vec;
