@@ -31,7 +31,9 @@ fn churn_through_loader() {
 #[inline(never)]
 fn parents_own_block() -> *mut u8 {
     // SAFETY: a non-zero size; freed below with the same layout.
-    unsafe { SystemAllocator::new().alloc(Layout::from_size_align(300, 8).unwrap()) }
+    let p = unsafe { SystemAllocator::new().alloc(Layout::from_size_align(300, 8).unwrap()) };
+    // Used after the call, so that the call is not a tail call (this frame stays).
+    std::hint::black_box(p)
 }
 
 /// A DHAT program point: (frames as text, tbk, ebk, eb).
