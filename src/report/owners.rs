@@ -34,7 +34,7 @@
 
 use crate::AllocatorKind;
 use crate::records::{CallSite, Record, RecordMode, RecordsSnapshot};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// The allocators whose blocks the blocks of the allocator at registry `index` also are,
 /// nearest first: a child hands its parent's blocks on as they are, so they are blocks of
@@ -201,27 +201,23 @@ pub(crate) fn own_sites(snapshot: &RecordsSnapshot) -> Vec<OwnSite> {
         .iter()
         .map(|s| frames_key(snapshot, s.stack))
         .collect();
-    let with_sites: HashSet<usize> = sites
-        .iter()
-        .zip(&counted)
-        .filter(|(_, c)| **c)
-        .map(|(s, _)| s.allocator_index)
-        .collect();
+    // The counted sites of each allocator.
+    let mut sites_of: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, site) in sites.iter().enumerate().filter(|(i, _)| counted[*i]) {
+        sites_of.entry(site.allocator_index).or_default().push(i);
+    }
     let mut own: Vec<CallSite> = sites.clone();
     // Sites of a holder that are wholly a child's (see below).
     let mut childs = vec![false; sites.len()];
     for (d, site) in sites.iter().enumerate().filter(|(d, _)| counted[*d]) {
         // The nearest allocator holding this site's blocks whose sites count.
-        let Some(above) = holders(snapshot, site.allocator_index)
-            .find(|&a| with_sites.contains(&a) && counts(snapshot, a))
+        let Some(theirs) = holders(snapshot, site.allocator_index).find_map(|a| sites_of.get(&a))
         else {
             continue;
         };
-        let mut candidates: Vec<(usize, usize)> = sites
+        let mut candidates: Vec<(usize, usize)> = theirs
             .iter()
-            .enumerate()
-            .filter(|(c, s)| s.allocator_index == above && counted[*c])
-            .filter_map(|(c, _)| Some((c, shared_prefix(&keys[d], &keys[c])?)))
+            .filter_map(|&c| Some((c, shared_prefix(&keys[d], &keys[c])?)))
             .collect();
         // An exact child's call site sharing frames with the holder's: the holder's blocks
         // there all went through the child (the first frame shown is one call instruction,

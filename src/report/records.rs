@@ -168,10 +168,14 @@ fn through_descendants(
 
 /// The call-site summary: live bytes and blocks per allocator and call stack, largest
 /// first. `examples` addresses are listed per site (for the leak report).
-fn write_sites(snapshot: &RecordsSnapshot, out: &mut dyn Write, examples: usize) -> io::Result<()> {
+fn write_sites(
+    snapshot: &RecordsSnapshot,
+    blocks_of: &Blocks<'_>,
+    out: &mut dyn Write,
+    examples: usize,
+) -> io::Result<()> {
     let sites = snapshot.live_by_site();
     let groups = by_allocator(&sites);
-    let blocks_of = owners::live_blocks(snapshot);
     for (index, name, sites) in &groups {
         let bytes: f64 = sites.iter().map(|s| s.live_bytes).sum();
         let count: f64 = sites.iter().map(|s| s.live_blocks).sum();
@@ -183,7 +187,7 @@ fn write_sites(snapshot: &RecordsSnapshot, out: &mut dyn Write, examples: usize)
             blocks(count, estimate),
             sites.len(),
             if sites.len() == 1 { "" } else { "s" },
-            through_descendants(snapshot, &blocks_of, *index)
+            through_descendants(snapshot, blocks_of, *index)
         )?;
         for site in sites {
             let share = if bytes > 0.0 {
@@ -227,13 +231,14 @@ pub(crate) fn write_call_sites(snapshot: &RecordsSnapshot, out: &mut dyn Write) 
         out,
         "Live memory by call site (from allocation records, largest first)"
     )?;
-    write_sites(snapshot, out, 0)
+    write_sites(snapshot, &owners::live_blocks(snapshot), out, 0)
 }
 
 /// See [`RecordsSnapshot::write_leaks`]. The first line counts every block once (see
 /// [`owners`]): its granted bytes, and the requested bytes when they differ.
 pub(crate) fn write_leaks(snapshot: &RecordsSnapshot, out: &mut dyn Write) -> io::Result<()> {
-    let live = owners::live_blocks(snapshot).counted;
+    let blocks_of = owners::live_blocks(snapshot);
+    let live = &blocks_of.counted;
     let estimate = live.iter().any(|b| b.sampled);
     let weighted = |f: fn(&Record) -> usize| -> f64 {
         live.iter().map(|b| b.weight * f(b.record) as f64).sum()
@@ -280,5 +285,5 @@ pub(crate) fn write_leaks(snapshot: &RecordsSnapshot, out: &mut dyn Write) -> io
             snapshot.dropped
         )?;
     }
-    write_sites(snapshot, out, 3)
+    write_sites(snapshot, &blocks_of, out, 3)
 }
