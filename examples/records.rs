@@ -6,7 +6,9 @@
 //! TAGALLOC_RECORDS="SystemAllocator=basic" cargo run --example records   # record everything
 //! ```
 //!
-//! Open `dhat-heap.json` in DHAT's viewer: <https://nnethercote.github.io/dh_view/dh_view.html>.
+//! Open `dhat-heap.json` in DHAT's viewer (`/usr/libexec/valgrind/dh_view.html` from valgrind,
+//! or <https://nnethercote.github.io/dh_view/dh_view.html>) or the Firefox Profiler
+//! (<https://profiler.firefox.com>), and `heap.pb.gz` with `go tool pprof -http=:8080 heap.pb.gz`.
 
 use allocator_api2::boxed::Box as ABox;
 use allocator_api2::vec::Vec as AVec;
@@ -115,6 +117,7 @@ fn main() -> std::io::Result<()> {
     snapshot.write_leaks(&mut leaks)?;
     fs::write(dir.join("leaks.txt"), &leaks)?;
     fs::write(dir.join("dhat-heap.json"), snapshot.to_dhat_json())?;
+    fs::write(dir.join("heap.pb.gz"), snapshot.to_pprof())?;
     fs::write(dir.join("records.json"), snapshot.to_json())?;
     report::write_report_at_exit(dir.join("exit-report.txt"))?;
 
@@ -134,12 +137,17 @@ fn main() -> std::io::Result<()> {
         "call-sites.txt",
         "leaks.txt",
         "dhat-heap.json",
+        "heap.pb.gz",
         "records.json",
     ] {
         println!("  {name}");
     }
     println!("  exit-report.txt (written when the process exits)");
-    println!("Open dhat-heap.json in https://nnethercote.github.io/dh_view/dh_view.html");
+    println!(
+        "Open dhat-heap.json in DHAT's viewer (/usr/libexec/valgrind/dh_view.html, or \
+         https://nnethercote.github.io/dh_view/dh_view.html) or https://profiler.firefox.com"
+    );
+    println!("Open heap.pb.gz with: go tool pprof -http=:8080 heap.pb.gz");
     drop(graph);
     Ok(())
 }

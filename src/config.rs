@@ -12,6 +12,13 @@
 //! | `TAGALLOC_THREAD_POINTER` | `off` reaches the thread caches only through `thread_local!` (a little slower), as in a shared library; an escape hatch for unusual loaders | `auto` |
 //! | `TAGALLOC_RECORDS` | allocation records per allocator, e.g. `Script Canvas=full,SystemAllocator=sample:512KiB` (syntax in [`records::config`](crate::records::config)) | all off |
 //! | `TAGALLOC_REPORT` | a path: the allocator table and the leak report are written there at exit | none |
+//! | `TAGALLOC_DHAT` | a path: a DHAT profile of the records is written there at exit (open it in DHAT's `dh_view.html` or the Firefox Profiler) | none |
+//! | `TAGALLOC_SAMPLE_SEED` | a number: sampled records draw from generators seeded from it instead of the clock, so a single-threaded program samples the same blocks in every run | clock |
+//! | `TAGALLOC_PPROF` | a path: a pprof heap profile of the records is written there at exit (`go tool pprof -http=:8080 <path>`) | none |
+//!
+//! A path given to `TAGALLOC_REPORT`, `TAGALLOC_DHAT` or `TAGALLOC_PPROF` that cannot be
+//! written (its directory missing or not writable) is said on stderr when the variables are
+//! read, not only at exit.
 
 use crate::fatal::{StackText, write_stderr};
 use core::ffi::CStr;

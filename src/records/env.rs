@@ -1,4 +1,7 @@
-//! Applying `TAGALLOC_RECORDS` and `TAGALLOC_REPORT` (parsed by [`config`](super::config)).
+//! Applying `TAGALLOC_RECORDS` (parsed by [`config`](super::config)), `TAGALLOC_SAMPLE_SEED`
+//! (see [`set_sample_seed`](super::set_sample_seed)) and the files written at exit:
+//! `TAGALLOC_REPORT` (the text report), `TAGALLOC_DHAT` (a DHAT profile) and
+//! `TAGALLOC_PPROF` (a pprof heap profile).
 //!
 //! The variables are read once, under a three-state flag (unread, being read, read); the
 //! parsed entries stay in a static for the life of the process. When they have been read,
@@ -8,7 +11,13 @@
 //!
 //! Everything here runs on the allocation path (inside the `SystemAllocator`'s first call or
 //! a handle's registration), so it allocates nothing through Rust's allocator: `getenv`,
-//! byte parsing, statics, `atexit` (which uses the C library's own memory).
+//! byte parsing, statics, `stat`/`access` on the exit files' paths, `atexit` (which uses the
+//! C library's own memory).
+//!
+//! An exit file whose path cannot be written now (its directory missing or not writable,
+//! the path a directory) is said at once, in one line on stderr: finding out only when the
+//! program ends, possibly hours later, would waste the run. It is still tried at exit, in
+//! case the program creates the directory meanwhile.
 
 use super::config::{MAX_ENTRIES, ParseProblems, RecordsConfig, parse_records, warn_problems};
 use super::guard::Busy;
@@ -33,10 +42,43 @@ unsafe impl<T: Send> Sync for WriteOnce<T> {}
 static CONFIG: WriteOnce<RecordsConfig> = WriteOnce(UnsafeCell::new(RecordsConfig::EMPTY));
 static MATCHED: [AtomicBool; MAX_ENTRIES] = [const { AtomicBool::new(false) }; MAX_ENTRIES];
 
-/// Longest `TAGALLOC_REPORT` path kept.
+/// Longest exit-file path kept.
 const MAX_PATH: usize = 4096;
-static REPORT_PATH: WriteOnce<([u8; MAX_PATH], usize)> =
-    WriteOnce(UnsafeCell::new(([0; MAX_PATH], 0)));
+
+/// A file written at exit, asked for with an environment variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExitFile {
+    /// `TAGALLOC_REPORT`: the allocator table and tree, then the leak report.
+    Report,
+    /// `TAGALLOC_DHAT`: a DHAT profile of the records.
+    Dhat,
+    /// `TAGALLOC_PPROF`: a pprof heap profile of the records.
+    Pprof,
+}
+
+impl ExitFile {
+    const ALL: [ExitFile; 3] = [ExitFile::Report, ExitFile::Dhat, ExitFile::Pprof];
+
+    fn variable(self) -> &'static core::ffi::CStr {
+        match self {
+            ExitFile::Report => c"TAGALLOC_REPORT",
+            ExitFile::Dhat => c"TAGALLOC_DHAT",
+            ExitFile::Pprof => c"TAGALLOC_PPROF",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ExitFile::Report => "TAGALLOC_REPORT",
+            ExitFile::Dhat => "TAGALLOC_DHAT",
+            ExitFile::Pprof => "TAGALLOC_PPROF",
+        }
+    }
+}
+
+/// The exit files' paths (bytes, length), by [`ExitFile`].
+static EXIT_PATHS: [WriteOnce<([u8; MAX_PATH], usize)>; 3] =
+    [const { WriteOnce(UnsafeCell::new(([0; MAX_PATH], 0))) }; 3];
 
 /// Reads the environment if nobody has yet; returns once it has been read.
 #[inline]
@@ -78,19 +120,33 @@ fn read_slow() {
         unsafe { *CONFIG.0.get() = config };
         wants_exit_hook |= !config.entries().is_empty();
     }
-    if let Some(path) = env_bytes(c"TAGALLOC_REPORT") {
+    if let Some(text) = env_bytes(c"TAGALLOC_SAMPLE_SEED") {
+        match parse_seed(text) {
+            Some(seed) => super::sample::set_sample_seed(Some(seed)),
+            None => crate::config::warn_bad_value(
+                "TAGALLOC_SAMPLE_SEED",
+                text,
+                "expected a number (0 to 18446744073709551615)",
+            ),
+        }
+    }
+    for (i, file) in ExitFile::ALL.into_iter().enumerate() {
+        let Some(path) = env_bytes(file.variable()) else {
+            continue;
+        };
         let path = path.trim_ascii();
         if path.is_empty() {
-            crate::config::warn_bad_value("TAGALLOC_REPORT", path, "empty path");
+            crate::config::warn_bad_value(file.name(), path, "empty path");
         } else if path.len() > MAX_PATH {
-            crate::config::warn_bad_value("TAGALLOC_REPORT", path, "path longer than 4096 bytes");
+            crate::config::warn_bad_value(file.name(), path, "path longer than 4096 bytes");
         } else {
             // SAFETY: as above: written before READ is published.
             unsafe {
-                let slot = &mut *REPORT_PATH.0.get();
+                let slot = &mut *EXIT_PATHS[i].0.get();
                 slot.0[..path.len()].copy_from_slice(path);
                 slot.1 = path.len();
             }
+            warn_if_unwritable(file, path);
             wants_exit_hook = true;
         }
     }
@@ -108,6 +164,18 @@ fn read_slow() {
     }
 }
 
+/// A decimal `u64`, spaces around it allowed.
+fn parse_seed(text: &[u8]) -> Option<u64> {
+    let text = text.trim_ascii();
+    if text.is_empty() {
+        return None;
+    }
+    text.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))?
+    })
+}
+
 /// The parsed `TAGALLOC_RECORDS` (empty until read).
 pub(crate) fn config() -> &'static RecordsConfig {
     if is_read() {
@@ -118,14 +186,102 @@ pub(crate) fn config() -> &'static RecordsConfig {
     }
 }
 
-/// The `TAGALLOC_REPORT` path, if one was given.
-pub(crate) fn report_path() -> Option<&'static [u8]> {
+/// The path the environment gives for `file`, if any.
+pub(crate) fn exit_path(file: ExitFile) -> Option<&'static [u8]> {
     if !is_read() {
         return None;
     }
+    let i = ExitFile::ALL.iter().position(|&f| f == file)?;
     // SAFETY: as in `config`.
-    let (bytes, len) = unsafe { &*REPORT_PATH.0.get() };
+    let (bytes, len) = unsafe { &*EXIT_PATHS[i].0.get() };
     (*len > 0).then(|| &bytes[..*len])
+}
+
+/// Says on stderr, in one line and without allocating, when `path` cannot be written now.
+fn warn_if_unwritable(file: ExitFile, path: &[u8]) {
+    if let Err((checked, errno)) = writable(path) {
+        let mut line = StackText::<512>::new();
+        let _ = write!(
+            line,
+            "tagalloc: {}={} cannot be written: ",
+            file.name(),
+            Shown(path)
+        );
+        let _ = match errno {
+            libc::EISDIR => write!(line, "it is a directory"),
+            _ => {
+                let mut text = [0u8; 128];
+                // SAFETY: `text` is writable for its length; the XSI strerror_r writes a
+                // NUL-terminated message into it (truncated if need be).
+                let ok = unsafe { libc::strerror_r(errno, text.as_mut_ptr().cast(), text.len()) };
+                let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+                let why = if ok == 0 {
+                    core::str::from_utf8(&text[..end]).unwrap_or("error")
+                } else {
+                    "error"
+                };
+                write!(line, "{}: {why}", Shown(checked))
+            }
+        };
+        let _ = line.write_str(" (checked at start-up; it is tried again at exit)\n");
+        write_stderr(line.as_bytes());
+    }
+}
+
+/// Bytes shown as text (lossy, without allocating).
+struct Shown<'a>(&'a [u8]);
+
+impl core::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        for chunk in self.0.utf8_chunks() {
+            f.write_str(chunk.valid())?;
+            if !chunk.invalid().is_empty() {
+                f.write_str("\u{FFFD}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a file could be created or overwritten at `path` now: `Err((what was checked,
+/// errno))` if not. An existing path must be a writable non-directory; otherwise its
+/// directory must exist and allow creating files.
+fn writable(path: &[u8]) -> Result<(), (&[u8], i32)> {
+    let mut c_path = [0u8; MAX_PATH + 1];
+    c_path[..path.len()].copy_from_slice(path);
+    // SAFETY: an all-zero `stat` is a valid value for the out-parameter.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: `c_path` is NUL-terminated (path.len() <= MAX_PATH); `st` is writable.
+    if unsafe { libc::stat(c_path.as_ptr().cast(), &mut st) } == 0 {
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return Err((path, libc::EISDIR));
+        }
+        // SAFETY: as above.
+        if unsafe { libc::access(c_path.as_ptr().cast(), libc::W_OK) } != 0 {
+            return Err((path, errno()));
+        }
+        return Ok(());
+    }
+    let (dir, end): (&[u8], usize) = match path.iter().rposition(|&b| b == b'/') {
+        Some(0) => (b"/", 1),
+        Some(i) => (&path[..i], i),
+        None => (b".", 0),
+    };
+    if end == 0 {
+        c_path[..2].copy_from_slice(b".\0");
+    } else {
+        c_path[end] = 0; // the directory: a prefix of the path
+    }
+    // SAFETY: `c_path` is NUL-terminated.
+    if unsafe { libc::access(c_path.as_ptr().cast(), libc::W_OK | libc::X_OK) } != 0 {
+        return Err((dir, errno()));
+    }
+    Ok(())
+}
+
+/// The last OS error's number (reading it allocates nothing).
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 /// Gives `entry` the mode the environment asks for, unless code set one. Every entry that
@@ -154,8 +310,8 @@ pub(crate) fn on_register(entry: &'static Registration) {
     }
 }
 
-/// At exit: warns about entries that named no allocator, then writes the report asked for
-/// with `TAGALLOC_REPORT`.
+/// At exit: warns about entries that named no allocator, then writes the files asked for
+/// with `TAGALLOC_REPORT`, `TAGALLOC_DHAT` and `TAGALLOC_PPROF`.
 extern "C" fn at_exit() {
     let config = config();
     let mut line = StackText::<512>::new();
@@ -180,7 +336,25 @@ extern "C" fn at_exit() {
             line.write_str(" (names match an allocator's name or description, ignoring case)\n");
         write_stderr(line.as_bytes());
     }
-    if let Some(path) = report_path() {
-        crate::report::exit::write_at_exit(path);
+    crate::report::exit::write_files_at_exit(
+        exit_path(ExitFile::Report),
+        exit_path(ExitFile::Dhat),
+        exit_path(ExitFile::Pprof),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_seed;
+
+    #[test]
+    fn seeds_parse_or_are_refused() {
+        assert_eq!(parse_seed(b" 42 "), Some(42));
+        assert_eq!(parse_seed(b"0"), Some(0));
+        assert_eq!(parse_seed(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_seed(b"18446744073709551616"), None);
+        assert_eq!(parse_seed(b""), None);
+        assert_eq!(parse_seed(b"-1"), None);
+        assert_eq!(parse_seed(b"0x10"), None);
     }
 }

@@ -121,10 +121,10 @@ pub(crate) fn sample_interval() -> Option<u64> {
     (word & super::ALLOC_HOOK == KIND_SAMPLE).then_some(word >> 16)
 }
 
-/// A seed for a thread's sample countdowns, from the clock and something thread-specific.
+/// A seed for a thread's sample countdowns, from the clock and something thread-specific
+/// (or from the fixed seed, see [`set_sample_seed`](super::set_sample_seed)). Never 0.
 pub(crate) fn sample_seed(salt: usize) -> u64 {
-    let seed = super::clock::ticks() ^ (salt as u64).rotate_left(29);
-    if seed == 0 { 1 } else { seed }
+    super::sample::generator_seed(|| super::clock::ticks() ^ (salt as u64).rotate_left(29))
 }
 
 /// A fresh countdown (bytes to the next sample) drawn with the generator state `rng`.

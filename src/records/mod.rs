@@ -31,7 +31,9 @@
 //! Records follow the hierarchy as the statistics do: a block of a child is also a block of
 //! every allocator above it, so each of them that records has a record of it (a parent's
 //! records, like its Used figure, include its children's), and a dump of several levels
-//! lists the block under each.
+//! lists the block under each. Totals count it once: the leak report's first line and the
+//! DHAT and pprof profiles put each block under the innermost allocator that recorded it
+//! (the rules, sampling included, are in `src/report/owners.rs`).
 //!
 //! Set a mode in code, on a handle (`Renderer.set_records(RecordMode::full())`) or on the
 //! `SystemAllocator` (`GLOBAL.set_records(..)`), or at start-up with the environment:
@@ -39,11 +41,13 @@
 //! ```text
 //! TAGALLOC_RECORDS="Script Canvas=full,SystemAllocator=sample:512KiB"
 //! TAGALLOC_REPORT=/tmp/memory-at-exit.txt
+//! TAGALLOC_DHAT=/tmp/dhat-heap.json TAGALLOC_PPROF=/tmp/heap.pb.gz
 //! ```
 //!
 //! (the syntax is in [`config`]). Reports read a [`RecordsSnapshot`]: see
 //! [`report`](crate::report) for the records dump, the call-site summary, the leak report,
-//! the DHAT profile and the JSON dump.
+//! the DHAT and pprof profiles and the JSON dump; `docs/records.md` says how to open the
+//! profiles and how precise sampled estimates are.
 //!
 //! ```
 //! use allocator_api2::vec::Vec;
@@ -108,8 +112,10 @@ mod table;
 mod unwind;
 
 pub use mode::{RecordMode, RecordSettings};
-pub use sample::{sample_probability, sample_weight};
-pub use snapshot::{CallSite, Frame, Record, RecordsSnapshot, StackInfo, Symbol, snapshot};
+pub use sample::{sample_probability, sample_seed, sample_weight, set_sample_seed};
+pub use snapshot::{
+    CallSite, Frame, Record, RecordsAllocator, RecordsSnapshot, StackInfo, Symbol, snapshot,
+};
 
 use crate::registry::{self, Registration};
 use core::alloc::Layout;
@@ -383,7 +389,11 @@ fn record(reg: &'static Registration, mut word: u64, addr: usize, layout: Layout
         KIND_FULL => (1.0, false, frames),
         KIND_SAMPLE => {
             let interval = word >> 16;
-            let seed = || clock::ticks() ^ (u64::from(guard::thread_id()) << 32) ^ addr as u64;
+            let seed = || {
+                sample::generator_seed(|| {
+                    clock::ticks() ^ (u64::from(guard::thread_id()) << 32) ^ addr as u64
+                })
+            };
             match guard::with_sampler(|s| s.charge(interval, layout.size(), seed)) {
                 Some(weight) => (weight, true, frames),
                 None => return,

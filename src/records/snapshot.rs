@@ -4,9 +4,26 @@
 use super::clock::TickScale;
 use super::guard::Busy;
 use super::table::{self, SiteStats};
-use super::{stack, table::site_key};
-use crate::registry;
+use super::{RecordMode, stack, table::site_key};
+use crate::registry::{self, AllocatorKind};
 use std::collections::HashMap;
+
+/// A registered allocator as a [`RecordsSnapshot`] saw it: its place in the hierarchy and
+/// its record mode, so that reports can tell when two records are one block (a child's
+/// block is also a block of every allocator above it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordsAllocator {
+    /// The registry index.
+    pub index: usize,
+    /// The allocator's name.
+    pub name: &'static str,
+    /// Its kind.
+    pub kind: AllocatorKind,
+    /// The parent's registry index, if any.
+    pub parent: Option<usize>,
+    /// The record mode when the snapshot was taken.
+    pub mode: RecordMode,
+}
 
 /// One live record, as copied into a [`RecordsSnapshot`].
 #[derive(Clone, Debug, PartialEq)]
@@ -118,6 +135,8 @@ pub struct RecordsSnapshot {
     pub dropped: u64,
     /// Whether memory ran out while copying (some records are missing).
     pub incomplete: bool,
+    /// Every registered allocator, by registry index.
+    pub allocators: Vec<RecordsAllocator>,
     resolved: bool,
 }
 
@@ -132,11 +151,20 @@ pub fn snapshot() -> RecordsSnapshot {
     let copy = table::copy();
     let raw_stacks = stack::copy_all();
     let mut names: HashMap<u32, &'static str> = HashMap::new();
+    let mut allocators: Vec<RecordsAllocator> = Vec::new();
     for r in registry::allocators() {
         if let Some(i) = r.index() {
             names.insert(i as u32, r.name());
+            allocators.push(RecordsAllocator {
+                index: i,
+                name: r.name(),
+                kind: r.kind(),
+                parent: r.parent().and_then(|p| p.index()),
+                mode: r.record_mode(),
+            });
         }
     }
+    allocators.sort_by_key(|a| a.index);
     let name = |i: u32| names.get(&i).copied().unwrap_or("?");
     let now = scale.now_ticks();
     let mut live_lifetimes: HashMap<u64, f64> = HashMap::new();
@@ -210,6 +238,7 @@ pub fn snapshot() -> RecordsSnapshot {
         taken_us: scale.now_us(),
         dropped: table::dropped(),
         incomplete: copy.incomplete,
+        allocators,
         resolved: false,
     }
 }
@@ -234,6 +263,27 @@ impl RecordsSnapshot {
     /// The stack with this id (`None` for 0 or an unknown id).
     pub fn stack(&self, id: u32) -> Option<&StackInfo> {
         self.stacks.get((id as usize).checked_sub(1)?)
+    }
+
+    /// The allocator with this registry index, if it was registered.
+    pub fn allocator(&self, index: usize) -> Option<&RecordsAllocator> {
+        match self.allocators.binary_search_by_key(&index, |a| a.index) {
+            Ok(i) => Some(&self.allocators[i]),
+            Err(_) => None,
+        }
+    }
+
+    /// The strict ancestors of the allocator at registry `index`, nearest first.
+    pub fn ancestors(&self, index: usize) -> impl Iterator<Item = &RecordsAllocator> + '_ {
+        let mut next = self.allocator(index).and_then(|a| a.parent);
+        // A registry chain ends at a root; the bound guards against a malformed one.
+        let mut left = self.allocators.len();
+        core::iter::from_fn(move || {
+            let a = self.allocator(next?)?;
+            left = left.checked_sub(1)?;
+            next = a.parent;
+            Some(a)
+        })
     }
 
     /// Whether [`resolve`](Self::resolve) has run.

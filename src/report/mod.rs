@@ -9,7 +9,8 @@
 //! | records dump (`sys_DumpAllocationRecordsToFile`) | [`dump_records`], [`dump_records_in_range`] | records |
 //! | live memory by call site | [`dump_call_sites`] | records |
 //! | leak report | [`dump_leaks`], and at exit with `TAGALLOC_REPORT` or [`write_report_at_exit`] | records |
-//! | DHAT profile (open in DHAT's `dh_view.html`) | [`dhat_profile`] | records |
+//! | DHAT profile (open in DHAT's `dh_view.html` or the Firefox Profiler) | [`dhat_profile`], and at exit with `TAGALLOC_DHAT` | records |
+//! | pprof heap profile (open with `go tool pprof`) | [`pprof_profile`], and at exit with `TAGALLOC_PPROF` | records |
 //! | records as JSON | [`records_json`] | records |
 //!
 //! The records reports copy a [`RecordsSnapshot`] first (briefly taking each table lock),
@@ -49,6 +50,8 @@ mod csv;
 mod dhat;
 pub(crate) mod exit;
 mod json;
+mod owners;
+mod pprof;
 mod records;
 mod records_json;
 mod tree;
@@ -278,11 +281,31 @@ impl RecordsSnapshot {
     }
 
     /// The snapshot as a DHAT heap profile, the JSON `dhat-rs` writes: save it as
-    /// `dhat-heap.json` and open it in DHAT's viewer (`dh_view.html`, online at
-    /// <https://nnethercote.github.io/dh_view/dh_view.html>). Resolve first for symbols.
+    /// `dhat-heap.json` and open it in DHAT's viewer (`dh_view.html`, installed by valgrind
+    /// at `/usr/libexec/valgrind/dh_view.html`, online at
+    /// <https://nnethercote.github.io/dh_view/dh_view.html>) or in the Firefox Profiler
+    /// (<https://profiler.firefox.com>, "Load a profile from file").
+    ///
+    /// Every block counts once, under the innermost allocator that recorded it; the
+    /// viewer's tree splits by allocator first (see `src/report/dhat.rs`). A snapshot not
+    /// yet [resolved](Self::resolve) is resolved in a copy first: the frames name the
+    /// functions, and a child's call sites are matched with its parent's by them.
     pub fn to_dhat_json(&self) -> String {
         let _busy = Busy::enter();
-        dhat::render(self)
+        with_resolved(self, dhat::render)
+    }
+
+    /// The snapshot as a pprof heap profile: gzip-compressed `profile.proto` bytes, laid out
+    /// as Go's runtime writes heap profiles (sample types `alloc_objects`, `alloc_space`,
+    /// `inuse_objects`, `inuse_space`; the sampling interval as `period`), with the labels
+    /// `allocator` and `allocator_path` on every sample. Save it as `heap.pb.gz` and open it
+    /// with `go tool pprof -http=:8080 heap.pb.gz`, or `go tool pprof -top
+    /// -tagfocus=allocator=Renderer heap.pb.gz` for one allocator's call sites. Every block
+    /// counts once, under the innermost allocator that recorded it (see
+    /// `src/report/pprof.rs`). Resolves a copy first if the snapshot is not resolved.
+    pub fn to_pprof(&self) -> Vec<u8> {
+        let _busy = Busy::enter();
+        with_resolved(self, pprof::render)
     }
 
     /// The snapshot as JSON:
@@ -304,6 +327,17 @@ impl RecordsSnapshot {
     pub fn to_json(&self) -> String {
         let _busy = Busy::enter();
         records_json::render(self)
+    }
+}
+
+/// Runs `f` on `snapshot`, resolved (in a copy if it is not yet).
+fn with_resolved<R>(snapshot: &RecordsSnapshot, f: impl FnOnce(&RecordsSnapshot) -> R) -> R {
+    if snapshot.is_resolved() {
+        f(snapshot)
+    } else {
+        let mut copy = snapshot.clone();
+        copy.resolve();
+        f(&copy)
     }
 }
 
@@ -408,6 +442,26 @@ pub fn dump_leaks(out: &mut dyn io::Write) -> io::Result<()> {
 pub fn dhat_profile() -> String {
     let _busy = Busy::enter();
     resolved_snapshot().to_dhat_json()
+}
+
+/// A pprof heap profile of the records (see [`RecordsSnapshot::to_pprof`]): gzip-compressed
+/// `profile.proto` bytes for `go tool pprof` and the services that ingest Go heap profiles.
+///
+/// ```
+/// use tagalloc::{RecordMode, SystemAllocator};
+///
+/// tagalloc::allocator!(Renderer: child of SystemAllocator, "Renderer");
+/// Renderer.set_records(RecordMode::full());
+/// let meshes = allocator_api2::vec::Vec::<[f32; 3], Renderer>::with_capacity_in(1000, Renderer);
+///
+/// let profile = tagalloc::report::pprof_profile();
+/// // Save it as heap.pb.gz: `go tool pprof -top -tagfocus=allocator=Renderer heap.pb.gz`.
+/// assert_eq!(profile[..2], [0x1f, 0x8b]); // gzip
+/// # drop(meshes);
+/// ```
+pub fn pprof_profile() -> Vec<u8> {
+    let _busy = Busy::enter();
+    resolved_snapshot().to_pprof()
 }
 
 /// The live records as JSON (see [`RecordsSnapshot::to_json`]).

@@ -1,6 +1,7 @@
 //! Text reports from the allocation records: the records dump (O3DE's
 //! `sys_DumpAllocationRecordsToFile`), the call-site summary and the leak report.
 
+use super::owners::{self, Blocks};
 use super::tree::human;
 use crate::records::{CallSite, Record, RecordsSnapshot, StackInfo};
 use std::io::{self, Write};
@@ -132,9 +133,47 @@ fn by_allocator(sites: &[CallSite]) -> Vec<(usize, &'static str, Vec<&CallSite>)
     groups
 }
 
+/// What of an allocator's live records are blocks of allocators below it (which list them
+/// too): `, of which 1.0 KiB in 1 block through Loader (listed there too)`, or nothing.
+fn through_descendants(
+    snapshot: &RecordsSnapshot,
+    blocks_of: &Blocks<'_>,
+    allocator: usize,
+) -> String {
+    let (mut bytes, mut count, mut estimate) = (0.0, 0.0, false);
+    let mut names: Vec<&str> = Vec::new();
+    for (r, inner) in snapshot.records.iter().zip(&blocks_of.inner) {
+        let Some(inner) = *inner else { continue };
+        if r.allocator_index != allocator {
+            continue;
+        }
+        bytes += r.weight * r.size as f64;
+        count += r.weight;
+        estimate |= r.sampled;
+        let name = snapshot.allocator(inner).map_or("?", |a| a.name);
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        return String::new();
+    }
+    format!(
+        ", of which {} in {} through {} (listed there too)",
+        amount(bytes, estimate),
+        blocks(count, estimate),
+        names.join(", ")
+    )
+}
+
 /// The call-site summary: live bytes and blocks per allocator and call stack, largest
 /// first. `examples` addresses are listed per site (for the leak report).
-fn write_sites(snapshot: &RecordsSnapshot, out: &mut dyn Write, examples: usize) -> io::Result<()> {
+fn write_sites(
+    snapshot: &RecordsSnapshot,
+    blocks_of: &Blocks<'_>,
+    out: &mut dyn Write,
+    examples: usize,
+) -> io::Result<()> {
     let sites = snapshot.live_by_site();
     let groups = by_allocator(&sites);
     for (index, name, sites) in &groups {
@@ -143,11 +182,12 @@ fn write_sites(snapshot: &RecordsSnapshot, out: &mut dyn Write, examples: usize)
         let estimate = sites.iter().any(|s| s.sampled);
         writeln!(
             out,
-            "{name}: {} in {} at {} call site{}",
+            "{name}: {} in {} at {} call site{}{}",
             amount(bytes, estimate),
             blocks(count, estimate),
             sites.len(),
-            if sites.len() == 1 { "" } else { "s" }
+            if sites.len() == 1 { "" } else { "s" },
+            through_descendants(snapshot, blocks_of, *index)
         )?;
         for site in sites {
             let share = if bytes > 0.0 {
@@ -191,26 +231,48 @@ pub(crate) fn write_call_sites(snapshot: &RecordsSnapshot, out: &mut dyn Write) 
         out,
         "Live memory by call site (from allocation records, largest first)"
     )?;
-    write_sites(snapshot, out, 0)
+    write_sites(snapshot, &owners::live_blocks(snapshot), out, 0)
 }
 
-/// See [`RecordsSnapshot::write_leaks`].
+/// See [`RecordsSnapshot::write_leaks`]. The first line counts every block once (see
+/// [`owners`]): its granted bytes, and the requested bytes when they differ.
 pub(crate) fn write_leaks(snapshot: &RecordsSnapshot, out: &mut dyn Write) -> io::Result<()> {
-    let estimate = snapshot.records.iter().any(|r| r.sampled);
-    let bytes: f64 = snapshot
-        .records
-        .iter()
-        .map(|r| r.weight * r.size as f64)
-        .sum();
-    let count: f64 = snapshot.records.iter().map(|r| r.weight).sum();
+    let blocks_of = owners::live_blocks(snapshot);
+    let live = &blocks_of.counted;
+    let estimate = live.iter().any(|b| b.sampled);
+    let weighted = |f: fn(&Record) -> usize| -> f64 {
+        live.iter().map(|b| b.weight * f(b.record) as f64).sum()
+    };
+    let bytes = weighted(|r| r.size);
+    let requested = weighted(|r| r.requested);
+    let count: f64 = live.iter().map(|b| b.weight).sum();
     let allocators = by_allocator(&snapshot.live_by_site()).len();
+    let requested = if amount(requested, estimate) == amount(bytes, estimate) {
+        String::new()
+    } else {
+        format!(" ({} requested)", amount(requested, estimate))
+    };
     writeln!(
         out,
-        "Leak report: {} in {} still live, recorded by {allocators} allocator{}",
+        "Leak report: {} in {} still live{requested}, recorded by {allocators} allocator{}",
         amount(bytes, estimate),
         blocks(count, estimate),
         if allocators == 1 { "" } else { "s" }
     )?;
+    if estimate && bytes > 0.0 {
+        // Each sampled block stands for w blocks with probability 1/w: the estimate's
+        // variance is estimated by the sum of w (w - 1) s² over the samples.
+        let variance: f64 = live
+            .iter()
+            .filter(|b| b.sampled)
+            .map(|b| b.weight * (b.weight - 1.0) * (b.record.size as f64).powi(2))
+            .sum();
+        writeln!(
+            out,
+            "(estimated from samples: the bytes within ±{:.1}% at one standard error)",
+            100.0 * variance.sqrt() / bytes
+        )?;
+    }
     writeln!(
         out,
         "(only allocators with records are listed; blocks allocated before records were \
@@ -223,5 +285,5 @@ pub(crate) fn write_leaks(snapshot: &RecordsSnapshot, out: &mut dyn Write) -> io
             snapshot.dropped
         )?;
     }
-    write_sites(snapshot, out, 3)
+    write_sites(snapshot, &blocks_of, out, 3)
 }

@@ -2,6 +2,9 @@
 // Each binary uses some of the helpers, not all.
 #![allow(dead_code)]
 
+pub mod pprof;
+pub mod viewers;
+
 use std::process::Command;
 use tagalloc::records;
 
