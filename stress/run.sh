@@ -46,12 +46,12 @@ test_binaries() {
 
 THREAD_TESTS=(global_threads thread_churn child_threads thread_pool_threads records_threads
   child_lanes lane_transitions lane_transitions_global budget_edges pools shard_slots
-  records_buffers records_report child_requested_off)
+  records_buffers records_report child_requested_off scoped scoped_threads)
 
 stage_models() {
   local cases=${STRESS_CASES:-20000}
   note "models: $cases cases each"
-  for t in hpha_model pool_model thread_pool_model child_model; do
+  for t in hpha_model pool_model thread_pool_model child_model scoped_model; do
     local log=$logs/models_$t.log
     if PROPTEST_CASES=$cases cargo test --release --test "$t" >"$log" 2>&1; then
       echo "ok   $t"
