@@ -138,13 +138,7 @@ impl SystemAllocator {
         // from, as in `dealloc`).
         unsafe {
             if let Some(class) = fast_class(layout) {
-                thread_cache::free_gated(
-                    ptr.as_ptr(),
-                    class,
-                    layout,
-                    dealloc_small_missed,
-                    dealloc_small_missed,
-                );
+                thread_cache::free_gated(ptr.as_ptr(), class, layout, dealloc_small_missed);
                 return fast_class_size(class);
             }
             deallocate_granted_slow(ptr, layout)
@@ -211,13 +205,7 @@ unsafe impl GlobalAlloc for SystemAllocator {
         // this layout, so it came from the same side the layout selects now.
         unsafe {
             if let Some(class) = fast_class(layout) {
-                return thread_cache::free_gated(
-                    ptr,
-                    class,
-                    layout,
-                    dealloc_small_missed,
-                    dealloc_small_scoped,
-                );
+                return thread_cache::free_gated(ptr, class, layout, dealloc_small_missed);
             }
             dealloc_large_scoped(ptr, layout)
         }
@@ -377,29 +365,6 @@ unsafe fn free_if_tagged(
             scoped_free(ptr, Layout::from_size_align_unchecked(size, align), tag);
         }
         true
-    }
-}
-
-/// The global allocator's small free once tags are in use: a block of the thread's current
-/// tag goes into its lane here, anything else to the general miss path
-/// ([`dealloc_small_missed`], a tail call). Small and leaf-like, so it needs no stack frame.
-///
-/// # Safety
-/// As for [`dealloc_small_missed`], with `tc` not null.
-#[inline(never)]
-unsafe fn dealloc_small_scoped(
-    ptr: *mut u8,
-    size: usize,
-    align: usize,
-    class: usize,
-    tc: CacheRef,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if thread_cache::free_in_current_lane(tc, ptr, class, size) {
-            return;
-        }
-        dealloc_small_missed(ptr, size, align, class, tc)
     }
 }
 

@@ -478,7 +478,7 @@ impl ThreadCache {
         // one made after it is propagated to this cache by `system_records_changed` (and
         // `enable_tags`).
         let hooks = lane0_hooks();
-        self.system().hooks.store(hooks, Relaxed);
+        self.system().set_hooks(hooks);
         for slot in &self.system().slots {
             slot.open_until
                 .store(Self::initial_open_until(hooks), Relaxed);
@@ -508,7 +508,7 @@ impl ThreadCache {
         self.move_counts_to_orphans();
         for (_, lane) in self.used_lanes() {
             lane.reset_counts();
-            lane.hooks.store(HOOKS_UNREGISTERED, Relaxed);
+            lane.set_hooks(HOOKS_UNREGISTERED);
             // SAFETY: as above. The counts are zero now and the bins empty.
             unsafe { lane.shut() };
         }
@@ -624,7 +624,7 @@ static IDLE_LANE: IdleLane = IdleLane(Lane::idle());
 /// lock, so no two threads change gates at once; the fence orders the marks after the
 /// hooks for an owner setting a mark meanwhile (see `ThreadCache::set_open_until`).
 fn set_lane_gate(lane: &Lane, hooks: u8) {
-    lane.hooks.store(hooks, Relaxed);
+    lane.set_hooks(hooks);
     fence(SeqCst);
     let until = if lanes::serves(hooks) {
         ThreadCache::initial_open_until(hooks)
@@ -820,19 +820,18 @@ pub(crate) fn charge_tls(class: usize) -> SampleCharge {
 /// The small-free fast path of `SystemAllocator::dealloc`: pushes the block onto its bin.
 /// A full bin, records that may hold the block, or a cache only reachable through
 /// `thread_local!`, send it to `miss(ptr, size, align, class, cache)` (see
-/// [`allocate_gated`]); once tags are in use (see [`HOOK_TAGS`]) every block goes to
-/// `tagged(ptr, size, align, class, cache)` instead, with a cache that is not null.
+/// [`allocate_gated`]); once tags are in use (see [`HOOK_TAGS`]), a block of the thread's
+/// current tag goes into the current lane ([`free_in_current_lane`]) and any other to `miss`.
 ///
 /// # Safety
-/// `ptr` must be a live small block of `class` allocated with `layout`; `miss` and `tagged`
-/// must be safe to call with them.
+/// `ptr` must be a live small block of `class` allocated with `layout`; `miss` must be safe
+/// to call with them.
 #[inline(always)]
 pub(crate) unsafe fn free_gated(
     ptr: *mut u8,
     class: usize,
     layout: Layout,
     miss: unsafe fn(*mut u8, usize, usize, usize, CacheRef),
-    tagged: unsafe fn(*mut u8, usize, usize, usize, CacheRef),
 ) {
     // SAFETY: `tc` is this thread's cache (see `thread_pointer`); the rest is forwarded
     // from the caller.
@@ -847,7 +846,10 @@ pub(crate) unsafe fn free_gated(
             // Out of the straight line: records off and no tags is the case to keep short.
             cold_path();
             if hooks & HOOK_TAGS != 0 {
-                return tagged(ptr, layout.size(), layout.align(), class, tc);
+                if free_in_current_lane(tc, ptr, class, layout.size()) {
+                    return;
+                }
+                return miss(ptr, layout.size(), layout.align(), class, tc);
             }
             if hooks & HOOK_FREE != 0 || records::global::maybe_sampled(ptr) {
                 return miss(ptr, layout.size(), layout.align(), class, tc);
@@ -860,14 +862,12 @@ pub(crate) unsafe fn free_gated(
     }
 }
 
-/// Where tags are in use, [`free_gated`] sends every block to its `tagged` path, whose first
-/// step is this: the common scoped free, a block of the tag the thread is in (or of tag 0
-/// outside any scope), goes into the current lane with one look at the block's segment;
-/// `false` for anything else.
+/// Where tags are in use, [`free_gated`]'s way for the common scoped free: a block of the tag
+/// the thread is in (or of tag 0 outside any scope) goes into the current lane with one look
+/// at the block's segment; `false` for anything else.
 ///
 /// # Safety
-/// `tc` is the calling thread's cache as [`free_gated`] passed it to `tagged` (not null);
-/// `ptr` is a live small block of `class` allocated for `size` bytes (or a size up to the
+/// `tc` is the calling thread's cache (not null); `ptr` is a live small block of `class` allocated for `size` bytes (or a size up to the
 /// granted one).
 #[inline(always)]
 pub(crate) unsafe fn free_in_current_lane(
@@ -877,13 +877,16 @@ pub(crate) unsafe fn free_in_current_lane(
     size: usize,
 ) -> bool {
     // SAFETY: forwarded from the caller; `current` is one of this thread's lanes or the idle
-    // lane (whose tag no segment has); the block lies in a segment of `current`'s tag when
+    // lane (whose tags no segment has); the block lies in a segment of `current`'s tag when
     // the test passes.
     unsafe {
         let lane = &*(*tc).current.get();
-        if segment_tag(ptr) != lane.tag() || !lane.free_filtered(ptr, class) {
+        // One compare for both: the block is of the lane's tag, and the lane takes frees
+        // without looking at records (its `free_tag` says neither otherwise).
+        if segment_tag(ptr) != lane.free_tag() || lane.bin_full(class) {
             return false;
         }
+        lane.push(lane.bin(class), ptr, class);
         lane.sub_requested_fast(size);
     }
     true
@@ -1493,7 +1496,7 @@ pub(crate) fn system_records_changed() {
     while !tc.is_null() {
         // SAFETY: registered caches are valid while the registry lock is held.
         unsafe {
-            (*tc).system().hooks.store(hooks, Relaxed);
+            (*tc).system().set_hooks(hooks);
             tc = (*tc).next.load(Relaxed);
         }
     }

@@ -60,6 +60,10 @@ pub(super) const OPEN: u64 = u64::MAX;
 /// the hooks; while sampling, also "no countdown drawn for this class yet".
 pub(super) const CLOSED: u64 = 0;
 
+/// [`Lane::free_tag`] while frees must look at the hooks: a tag no segment has (the idle
+/// lane's tag, `Tag::MAX`, is another).
+pub(super) const ASK: Tag = Tag::MAX - 1;
+
 /// One size class's cached blocks.
 #[derive(Clone, Copy)]
 pub(super) struct Bin {
@@ -124,6 +128,11 @@ pub(crate) struct Lane {
     /// The tag whose blocks the bins hold (0: the `SystemAllocator`'s). Set when the lane is
     /// set up, under the thread registry's lock.
     pub(super) tag: AtomicU16,
+    /// [`tag`](Self::tag) while the hooks let a free straight into a bin (no `HOOK_FREE`, no
+    /// `HOOK_FREE_SAMPLED`), else [`ASK`]: the global allocator's scoped free compares a
+    /// block's segment tag with this one word (see `free_in_current_lane`). Written with the
+    /// hooks (see [`set_hooks`](Self::set_hooks)).
+    free_tag: AtomicU16,
     /// The small heap of that tag, where refills come from and overflows go (null: tag 0's).
     heap: AtomicPtr<SmallHeap>,
     /// The next lane made on demand for the same thread (see `ThreadCache::dynamic`).
@@ -170,6 +179,7 @@ impl Lane {
         Self {
             hooks: AtomicU8::new(hooks),
             tag: AtomicU16::new(tag),
+            free_tag: AtomicU16::new(Self::free_tag_for(hooks, tag)),
             heap: AtomicPtr::new(null_mut()),
             next: AtomicPtr::new(null_mut()),
             requested_in: AtomicUsize::new(0),
@@ -205,10 +215,35 @@ impl Lane {
         self.tag.load(Relaxed)
     }
 
+    /// [`free_tag`](Self::free_tag) for `hooks` and `tag`.
+    const fn free_tag_for(hooks: u8, tag: Tag) -> Tag {
+        if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0 {
+            ASK
+        } else {
+            tag
+        }
+    }
+
+    /// The tag a block must have to be freed straight into a bin here (see the field).
+    #[inline(always)]
+    pub(super) fn free_tag(&self) -> Tag {
+        self.free_tag.load(Relaxed)
+    }
+
+    /// Sets the hooks byte (and with it [`free_tag`](Self::free_tag)): by whoever owns the
+    /// lane's settings (the owner setting it up, or a thread changing them under the thread
+    /// registry's lock), before the marks that tell the owner to look.
+    pub(super) fn set_hooks(&self, hooks: u8) {
+        self.free_tag
+            .store(Self::free_tag_for(hooks, self.tag()), Relaxed);
+        self.hooks.store(hooks, Relaxed);
+    }
+
     /// Makes this lane the one of `tag`, whose small heap is `heap` (the owner, setting the
     /// lane up while its bins are empty).
     pub(super) fn set_tag(&self, tag: Tag, heap: &SmallHeap) {
         self.tag.store(tag, Relaxed);
+        self.set_hooks(self.hooks.load(Relaxed));
         let heap = if tag == 0 {
             null_mut()
         } else {
