@@ -51,8 +51,45 @@ pub(super) const fn freeing_limit(class: usize) -> u32 {
     }
 }
 
-/// Blocks taken by the first refill of a bin.
-pub(super) const FIRST_REFILL: u32 = 4;
+/// Blocks taken by the first refill of a bin, at most.
+const FIRST_REFILL: u32 = 4;
+/// Bytes the first refill of a bin takes at most (but one block): a refill links the slots
+/// it takes through their first word, so each one it takes is memory made resident. A
+/// thread, or a scoped tag, that uses a big class once holds one page of it, not four.
+const FIRST_REFILL_BYTES: usize = 4096;
+
+/// Blocks taken by the first refill of a bin of `class`.
+const fn first_refill(class: usize) -> u32 {
+    let n = FIRST_REFILL_BYTES / class_size(class);
+    if n == 0 {
+        1
+    } else if n > FIRST_REFILL as usize {
+        FIRST_REFILL
+    } else {
+        n as u32
+    }
+}
+
+/// Every class's bin sizing before its first refill.
+const fn first_sizings() -> [UnsafeCell<BinSizing>; CLASS_COUNT] {
+    let mut sizings = [const {
+        UnsafeCell::new(BinSizing {
+            refill: FIRST_REFILL,
+            limit: 0,
+            seen: 0,
+        })
+    }; CLASS_COUNT];
+    let mut class = 0;
+    while class < CLASS_COUNT {
+        sizings[class] = UnsafeCell::new(BinSizing {
+            refill: first_refill(class),
+            limit: 0,
+            seen: 0,
+        });
+        class += 1;
+    }
+    sizings
+}
 
 /// [`ClassSlot::open_until`] with records off.
 pub(super) const OPEN: u64 = u64::MAX;
@@ -195,13 +232,7 @@ impl Lane {
                     open_until: AtomicU64::new(CLOSED),
                 }
             }; CLASS_COUNT],
-            sizing: [const {
-                UnsafeCell::new(BinSizing {
-                    refill: FIRST_REFILL,
-                    limit: 0,
-                    seen: 0,
-                })
-            }; CLASS_COUNT],
+            sizing: first_sizings(),
             published: [const { AtomicU32::new(0) }; CLASS_COUNT],
             pending: UnsafeCell::new(0),
             resizes: AtomicU64::new(0),

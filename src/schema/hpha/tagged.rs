@@ -2,10 +2,11 @@
 //!
 //! Each tag's small blocks live on segments of their own (see `small`), so each tag has a
 //! [`SmallHeap`] of its own: its class lists and its page pool. Heaps are made on demand,
-//! each in a mapping of its own from the heap's page source, and live as long as the
-//! [`HphaSchema`](super::HphaSchema) that made them (a process-wide heap: the process).
-//! A two-level table keeps the unused tags' share small: 16 pointers, and a block of 256
-//! for each range of tags in use.
+//! side by side in slabs mapped from the heap's page source (a tag that uses a few classes
+//! touches a few lines of its heap, so packed heaps share the pages they touch), and live as
+//! long as the [`HphaSchema`](super::HphaSchema) that made them (a process-wide heap: the
+//! process). A two-level table keeps the unused tags' share small: 16 pointers, and a block
+//! of 256 for each range of tags in use.
 
 use super::small::{SmallHeap, Tag};
 use crate::os::PageSource;
@@ -20,18 +21,41 @@ const BLOCKS: usize = 16;
 
 type Block = [AtomicPtr<SmallHeap>; PER_BLOCK];
 
+/// Bytes of a slab of heaps.
+const SLAB: usize = 64 * 1024;
+
+/// Where the next heap is carved from: the current slab and the bytes used in it. A slab's
+/// first bytes link it to the previous one, so they can all be unmapped.
+struct Slabs {
+    current: *mut u8,
+    used: usize,
+}
+
 /// The heaps of tags `1..MAX_TAGS` (tag 0's is the schema's own).
 pub(crate) struct TaggedHeaps {
     blocks: [AtomicPtr<Block>; BLOCKS],
-    /// Serialises the making of heaps and blocks (never taken on a lookup).
-    making: SpinLock<()>,
+    /// Serialises the making of heaps and blocks (never taken on a lookup), and guards the
+    /// slabs they are carved from.
+    making: SpinLock<Slabs>,
 }
+
+// SAFETY: the slab pointers are only used under the `making` lock.
+unsafe impl Send for Slabs {}
+
+/// Where a heap starts in a slab: past the slab's link, aligned for a heap.
+const HEAP_STRIDE: usize = size_of::<SmallHeap>().next_multiple_of(align_of::<SmallHeap>());
+/// A slab's link, rounded up so that the heaps after it are aligned.
+const SLAB_HEADER: usize = size_of::<usize>().next_multiple_of(align_of::<SmallHeap>());
+const _: () = assert!(SLAB_HEADER + HEAP_STRIDE <= SLAB);
 
 impl TaggedHeaps {
     pub(crate) const fn new() -> Self {
         Self {
             blocks: [const { AtomicPtr::new(null_mut()) }; BLOCKS],
-            making: SpinLock::new(()),
+            making: SpinLock::new(Slabs {
+                current: null_mut(),
+                used: SLAB,
+            }),
         }
     }
 
@@ -63,7 +87,7 @@ impl TaggedHeaps {
         if index >= MAX_TAGS {
             return None;
         }
-        let _making = self.making.lock();
+        let mut slabs = self.making.lock();
         let slot = &self.blocks[index / PER_BLOCK];
         let mut block = slot.load(Acquire);
         if block.is_null() {
@@ -77,8 +101,8 @@ impl TaggedHeaps {
         if let Some(heap) = unsafe { entry.load(Acquire).as_ref() } {
             return Some(heap);
         }
-        let heap = map_zeroed::<SmallHeap>(source)?;
-        // SAFETY: a fresh mapping big and aligned enough for a `SmallHeap`, not yet shared.
+        let heap = slabs.carve(source)?;
+        // SAFETY: fresh zeroed memory big and aligned enough for a `SmallHeap`, not shared.
         unsafe { heap.write(SmallHeap::with_tag(tag)) };
         entry.store(heap, Release);
         // SAFETY: just written and published; never freed before the table.
@@ -129,21 +153,56 @@ impl TaggedHeaps {
             if block.is_null() {
                 continue;
             }
-            // SAFETY: the schema is being dropped, so nothing else uses the heaps; each was
-            // mapped by `map_zeroed` with its type's mapping length.
+            // SAFETY: the schema is being dropped, so nothing else uses the heaps; the
+            // block was mapped by `map_zeroed` with its type's mapping length.
             unsafe {
                 for entry in &mut *block {
                     let heap = *entry.get_mut();
                     if !heap.is_null() {
                         (*heap).release_all(source);
                         ptr::drop_in_place(heap);
-                        source.unmap(heap.cast(), mapping_len::<SmallHeap>(source));
                     }
                 }
                 source.unmap(block.cast(), mapping_len::<Block>(source));
             }
             *slot.get_mut() = null_mut();
         }
+        let slabs = self.making.get_mut();
+        let mut slab = slabs.current;
+        while !slab.is_null() {
+            // SAFETY: each slab was mapped with `SLAB` bytes and links the previous one in
+            // its first word; the heaps in it are dropped above.
+            unsafe {
+                let previous = slab.cast::<*mut u8>().read();
+                source.unmap(slab, SLAB);
+                slab = previous;
+            }
+        }
+        *slabs = Slabs {
+            current: null_mut(),
+            used: SLAB,
+        };
+    }
+}
+
+impl Slabs {
+    /// Room for one heap: in the current slab, or in a new one; `None` when the source is
+    /// out of memory.
+    fn carve(&mut self, source: &impl PageSource) -> Option<*mut SmallHeap> {
+        if self.used + HEAP_STRIDE > SLAB {
+            let slab = source.map(SLAB, source.granularity(), 0);
+            if slab.is_null() {
+                return None;
+            }
+            // SAFETY: a fresh mapping of `SLAB` bytes; its first word links the previous slab.
+            unsafe { slab.cast::<*mut u8>().write(self.current) };
+            self.current = slab;
+            self.used = SLAB_HEADER;
+        }
+        // SAFETY: `used + HEAP_STRIDE <= SLAB`, inside the current slab.
+        let heap = unsafe { self.current.add(self.used) }.cast::<SmallHeap>();
+        self.used += HEAP_STRIDE;
+        Some(heap)
     }
 }
 
