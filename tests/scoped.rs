@@ -33,6 +33,7 @@ tagalloc::allocator!(Host: child of SystemAllocator, "a scope that uses pools");
 tagalloc::allocator!(Sparks: thread_pool of SystemAllocator, "a thread pool used in a scope");
 tagalloc::allocator!(Events: pool of SystemAllocator, "a pool used in a scope");
 tagalloc::allocator!(Other: child of SystemAllocator, "a handle used in a scope");
+tagalloc::allocator!(Late: child of SystemAllocator, "freed after the thread's cache retired");
 
 /// Live blocks, granted and requested bytes of a snapshot.
 fn live(st: &AllocatorStats) -> (usize, usize, Option<usize>) {
@@ -419,6 +420,52 @@ fn pools_and_other_handles_used_inside_a_scope_keep_their_blocks_out_of_it() {
     drop((sparks, events, other, zeroed));
     assert_eq!(live(&Host.stats()), live(&host0));
     assert_eq!(live(&Other.stats()), live(&other0));
+}
+
+/// Tagged blocks a thread frees at its very end, after its thread cache was handed back (a
+/// pthread key destructor of its own, which runs after tagalloc's), and blocks a new thread
+/// frees before it allocates anything: each goes back to its tag, in its own heap segments.
+#[test]
+fn tagged_blocks_freed_by_a_thread_without_a_live_cache_go_back_to_their_tag() {
+    static KEY: std::sync::OnceLock<libc::pthread_key_t> = std::sync::OnceLock::new();
+    unsafe extern "C" fn free_at_exit(blocks: *mut libc::c_void) {
+        // SAFETY: the value set below: a boxed vector of blocks, freed once here.
+        drop(unsafe { Box::from_raw(blocks.cast::<Vec<Vec<u8>>>()) });
+    }
+    let key = *KEY.get_or_init(|| {
+        let mut key = 0;
+        // SAFETY: `key` is writable; the destructor has the signature pthread wants.
+        assert_eq!(
+            unsafe { libc::pthread_key_create(&mut key, Some(free_at_exit)) },
+            0
+        );
+        key
+    });
+    let start = Late.stats();
+    for round in 0..20 {
+        // Made inside the tag by this thread; freed by the next thread when it exits.
+        let blocks: Vec<Vec<u8>> = Late.scope(|| {
+            (0..100)
+                .map(|i| vec![round as u8; 8 + (i * 41) % 3000])
+                .collect()
+        });
+        std::thread::spawn(move || {
+            let boxed = Box::into_raw(Box::new(blocks));
+            // SAFETY: the key exists; the value is freed by its destructor.
+            assert_eq!(unsafe { libc::pthread_setspecific(key, boxed.cast()) }, 0);
+        })
+        .join()
+        .unwrap();
+        // And a thread whose first call frees a tagged block.
+        let block = Late.scope(|| vec![1u8; 100]);
+        std::thread::spawn(move || drop(block)).join().unwrap();
+    }
+    assert_eq!(live(&Late.stats()), live(&start));
+    GLOBAL.validate().unwrap();
+    // The blocks are usable again, from the right heap.
+    let again: Vec<Vec<u8>> = Late.scope(|| (0..300).map(|i| vec![0u8; 8 + i * 7]).collect());
+    drop(again);
+    assert_eq!(live(&Late.stats()), live(&start));
 }
 
 #[test]

@@ -12,7 +12,7 @@ use crate::schema::HphaStats;
 use crate::schema::hpha::Tag;
 use crate::schema::hpha::large::{LargeGrant, LargeHeap};
 use crate::schema::hpha::size_class::{class_for, class_size, fast_class, fast_class_size};
-use crate::thread_cache::{self, CacheRef, HEAP, HOOK_ALLOC, HOOK_FREE, HOOK_TAGS, SampleCharge};
+use crate::thread_cache::{self, CacheRef, HEAP, HOOK_ALLOC, HOOK_FREE, SampleCharge};
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
@@ -537,10 +537,14 @@ unsafe fn dealloc_small_missed(
         if tc.is_null() {
             return dealloc_small_tls(ptr, size, align, class);
         }
-        let hooks = thread_cache::hooks_of(tc);
-        if hooks & HOOK_TAGS != 0 && free_if_tagged(ptr, size, align, class, &*tc) {
+        // The process-wide flag, not lane 0's `HOOK_TAGS`: a cache that is not registered yet,
+        // or already retired (a thread's last frees in its TLS destructors), has hooks that
+        // send every free here without that bit, and a tag's block must still go back to
+        // its tag.
+        if thread_cache::tags_in_use() && free_if_tagged(ptr, size, align, class, &*tc) {
             return;
         }
+        let hooks = thread_cache::hooks_of(tc);
         // Records of any block first: `free_filtered` would refuse the block for them too.
         if hooks & HOOK_FREE != 0 {
             // Records of any block may exist: remove this one's (before the block can be

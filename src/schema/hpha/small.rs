@@ -472,6 +472,8 @@ impl SmallStats {
 pub(crate) struct SmallHeap {
     classes: [PaddedClass; CLASS_COUNT],
     pool: SpinLock<PagePool>,
+    /// The tag of this heap's segments (checked builds ask every returned slot for it).
+    tag: Tag,
 }
 
 impl SmallHeap {
@@ -485,6 +487,7 @@ impl SmallHeap {
         Self {
             classes: [const { PaddedClass(SpinLock::new(ClassState::new())) }; CLASS_COUNT],
             pool: SpinLock::new(PagePool::new(tag)),
+            tag,
         }
     }
 
@@ -649,6 +652,14 @@ impl SmallHeap {
         unsafe {
             if (*page).marker != page_marker(page) || (*page).class as usize != class {
                 report_bad_free(slot.cast(), page, class);
+            }
+            if CHECKED && segment_tag(slot.cast()) != self.tag {
+                fatal!(
+                    "block {:p} of tag {} given back to the small heap of tag {}",
+                    slot,
+                    segment_tag(slot.cast()),
+                    self.tag
+                );
             }
             (*slot).next = (*page).free;
             (*page).free = slot;
