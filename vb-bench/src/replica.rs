@@ -24,17 +24,17 @@ impl Replica {
     pub fn new(seed: u64) -> Self {
         let mut rng = Rng(seed);
         let first_sizes: Vec<u64> = (0..FIRST_ALLOCS)
-            .map(|_| rng.next() % MAX_SIZE + 1)
+            .map(|_| rng.next_u64() % MAX_SIZE + 1)
             .collect();
         let ops = (0..RANDOM_OPS)
             .map(|_| {
-                let alloc = rng.next() % 2 == 0;
+                let alloc = rng.next_u64() % 2 == 0;
                 (
                     alloc,
                     if alloc {
-                        rng.next() % MAX_SIZE + 1
+                        rng.next_u64() % MAX_SIZE + 1
                     } else {
-                        rng.next()
+                        rng.next_u64()
                     },
                 )
             })
@@ -198,15 +198,15 @@ fn run_churn<C: Contender>(c: &mut C, seed: u64, align: u64) -> ChurnResult {
     let mut held: BTreeMap<u64, u64> = BTreeMap::new();
     let mut live_bytes = 0u64;
     loop {
-        if !live.is_empty() && rng.next() % 3 == 0 {
-            let i = (rng.next() % live.len() as u64) as usize;
+        if !live.is_empty() && rng.next_u64() % 3 == 0 {
+            let i = (rng.next_u64() % live.len() as u64) as usize;
             let (h, size, range) = live.swap_remove(i);
             c.free(h);
             held.remove(&range.0);
             live_bytes -= size;
             continue;
         }
-        let size = rng.next() % MAX_SIZE + 1;
+        let size = rng.next_u64() % MAX_SIZE + 1;
         match c.alloc(size, align) {
             Some((h, _, range)) => {
                 held.insert(range.0, range.1);
