@@ -167,7 +167,7 @@ fn no_false_oom_alignment_inside_a_class() {
         b.allocate(&req(257), ()),
         Err(Error::OutOfSpace {
             size: 257,
-            largest_free: 256,
+            largest_free_at_least: 256,
             free_bytes: 256,
             ..
         })
@@ -204,6 +204,149 @@ fn no_false_oom_when_the_best_fit_walk_runs_out() {
         b.free(a).unwrap();
     }
     check_consistent(&b);
+}
+
+// ---- Failures in bounded time.
+
+/// The free ranges the TLSF searches of `b` have looked at so far.
+fn examined<U>(b: &VirtualBlock<U>) -> u64 {
+    match &b.engine {
+        Engine::Tlsf(t) => t.examined,
+        Engine::Linear(_) => 0,
+    }
+}
+
+/// `groups` holes of 509 units, each 2 units past a multiple of 512, between allocations:
+/// 256 units aligned to 256 fit in none of them. Returns the block and the allocations after
+/// each hole.
+fn misaligned_holes(groups: u64) -> (VirtualBlock<()>, Vec<Alloc>) {
+    let mut b = VirtualBlock::<()>::new(groups * 512);
+    let mut holes = Vec::new();
+    let mut after = Vec::new();
+    for _ in 0..groups {
+        b.allocate(&req(2), ()).unwrap();
+        holes.push(b.allocate(&req(509), ()).unwrap());
+        after.push(b.allocate(&req(1), ()).unwrap());
+    }
+    for h in holes {
+        b.free(h).unwrap();
+    }
+    (b, after)
+}
+
+#[test]
+fn a_failure_walks_the_holes_once_then_skips_them() {
+    let groups = if cfg!(miri) { 20 } else { 2000 };
+    for s in [
+        Strategy::Balanced,
+        Strategy::MinTime,
+        Strategy::MinMemory,
+        Strategy::MinOffset,
+    ] {
+        let (mut b, after) = misaligned_holes(groups);
+        let r = req(256).align(256).strategy(s);
+        assert!(matches!(
+            b.allocate(&r, ()),
+            Err(Error::OutOfSpace { largest_free_at_least, .. }) if largest_free_at_least <= 509
+        ));
+        let first = examined(&b);
+        assert!(
+            first >= groups,
+            "{s:?}: the first failure proves it range by range"
+        );
+        // The same failure again, and a harder one (larger, or more aligned): no range looked at.
+        for r in [r, req(300).align(256), req(256).align(4096)] {
+            assert!(b.allocate(&r.strategy(s), ()).is_err());
+        }
+        assert_eq!(
+            examined(&b),
+            first,
+            "{s:?}: later failures skip the summarised lists"
+        );
+        // Small allocations come and go (carved from a hole, merged back) without undoing
+        // that. (MinOffset walks every range to place them: its documented cost.)
+        let small = b.allocate(&req(3).strategy(s), ()).unwrap();
+        b.free(small).unwrap();
+        let before = examined(&b);
+        assert!(b.allocate(&r, ()).is_err());
+        assert_eq!(examined(&b), before, "{s:?}");
+        // A hole grows by merging with the allocation after it: now [2, 512) at 256 holds 256.
+        // The summary must let the search see it (no false out-of-memory).
+        let k = after.len() / 2;
+        b.free(after[k]).unwrap();
+        let a = b.allocate(&r, ()).unwrap();
+        assert_eq!(a.offset(), k as u64 * 512 + 256, "{s:?}");
+        b.validate().unwrap();
+        // Its list's bound is loose now: the next failure walks that list once, then not.
+        let before = examined(&b);
+        assert!(b.allocate(&r, ()).is_err());
+        let walked = examined(&b);
+        assert!(walked > before, "{s:?}: the loose list is walked again");
+        assert!(b.allocate(&r, ()).is_err());
+        assert_eq!(examined(&b), walked, "{s:?}");
+        b.validate().unwrap();
+    }
+}
+
+#[test]
+fn a_smaller_alignment_is_searched_again() {
+    // A summary for alignment 256 says nothing about alignment 2: the search walks, and
+    // finds the range that fits there.
+    let (mut b, _) = misaligned_holes(if cfg!(miri) { 8 } else { 200 });
+    assert!(b.allocate(&req(256).align(256), ()).is_err());
+    let a = b.allocate(&req(507).align(4), ()).unwrap();
+    assert_eq!(a.offset() % 512, 4);
+    b.validate().unwrap();
+}
+
+#[test]
+fn out_of_space_figures_are_cheap_and_true() {
+    // TLSF: the largest free range when it is alone in its class, else its class's floor.
+    let mut b = VirtualBlock::<()>::new(1000);
+    b.allocate(&req(900), ()).unwrap();
+    match b.allocate(&req(200), ()) {
+        Err(Error::OutOfSpace {
+            free_bytes: 100,
+            largest_free_at_least: 100,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let (mut b, _) = misaligned_holes(40);
+    match b.allocate(&req(600), ()) {
+        Err(Error::OutOfSpace {
+            largest_free_at_least: l,
+            ..
+        }) => assert!(l <= 509 && 509 < l + l / 32 + 1, "{l}"),
+        other => panic!("{other:?}"),
+    }
+    // Linear: the space at the ends, not the hole in the middle.
+    let mut l = VirtualBlock::<()>::new_linear(1000);
+    let a: Vec<_> = (0..10).map(|_| l.allocate(&req(90), ()).unwrap()).collect();
+    l.free(a[4]).unwrap(); // a hole of 90 in the middle, 100 free at the top
+    let lower_only = |l: &mut VirtualBlock<()>, r: Request<'_>| match l.allocate(&r, ()) {
+        Err(Error::OutOfSpace {
+            largest_free_at_least,
+            free_bytes,
+            ..
+        }) => (largest_free_at_least, free_bytes),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(lower_only(&mut l, req(101)), (100, 190));
+    // Ring: the oldest are freed, the next allocation wraps to the start.
+    l.free(a[0]).unwrap();
+    l.free(a[1]).unwrap();
+    assert_eq!(lower_only(&mut l, req(181)), (180, 370));
+    let w = l.allocate(&req(170), ()).unwrap();
+    assert_eq!(w.offset(), 0);
+    assert_eq!(lower_only(&mut l, req(11)), (10, 200));
+    // Double stack: between the stacks only.
+    let mut d = VirtualBlock::<()>::new_linear(1000);
+    let low = d.allocate(&req(100), ()).unwrap();
+    d.allocate(&req(100), ()).unwrap();
+    d.allocate(&req(500).upper_address(), ()).unwrap();
+    d.free(low).unwrap();
+    assert_eq!(lower_only(&mut d, req(301)), (300, 400));
 }
 
 // ---- OffsetAllocator's own unit tests, in our terms.
@@ -1081,7 +1224,12 @@ proptest! {
                             }
                             shadow.insert(o, (size, align, a, next_user));
                         }
-                        Err(Error::OutOfSpace { .. }) => prop_assert!(fitting.is_empty(), "false out-of-memory: {:?} fits", fitting),
+                        Err(Error::OutOfSpace { largest_free_at_least: l, free_bytes, .. }) => {
+                            prop_assert!(fitting.is_empty(), "false out-of-memory: {:?} fits", fitting);
+                            let largest = gaps.iter().map(|g| g.1).max().unwrap_or(0);
+                            prop_assert!(l <= largest && largest < l + l / 32 + 1, "{} vs {}", l, largest);
+                            prop_assert_eq!(free_bytes, gaps.iter().map(|g| g.1).sum::<u64>());
+                        }
                         Err(e) => prop_assert!(false, "unexpected {}", e),
                     }
                 }
@@ -1169,7 +1317,14 @@ proptest! {
                             shadow.insert(o, (size, align, a, n));
                             order.push(a);
                         }
-                        Err(Error::OutOfSpace { .. }) => prop_assert!(!was_empty || size > b.capacity() || (upper && (b.capacity() - size) & !(align - 1) > b.capacity())),
+                        Err(Error::OutOfSpace { largest_free_at_least: l, .. }) => {
+                            prop_assert!(!was_empty || size > b.capacity() || (upper && (b.capacity() - size) & !(align - 1) > b.capacity()));
+                            // The figure is space the next allocation could take.
+                            prop_assert!(l <= b.free_bytes());
+                            if align == 1 && !upper {
+                                prop_assert!(l < size, "{} units said usable, {} refused", l, size);
+                            }
+                        }
                         Err(Error::UpperAddressInRing) => prop_assert!(upper),
                         Err(e) => prop_assert!(false, "unexpected {}", e),
                     }

@@ -17,6 +17,7 @@
 //! Nothing here knows about handles or user data: a used node only carries the meta bits and
 //! generation that the block above gives it, and a reserved one a move number.
 
+use super::fit_summary::{FitSummaries, fit_at};
 use super::{Record, Strategy};
 
 /// "No node" in links.
@@ -29,7 +30,7 @@ const SL_COUNT: usize = 1 << SL_BITS;
 /// Size of the list-head table: 64 octaves' worth, although sizes below 2^64 reach only the
 /// first 1920 lists, so that any list index masked with `LISTS - 1` is in bounds and the
 /// compiler drops the bounds checks from the hot paths.
-const LISTS: usize = 64 * SL_COUNT;
+pub(crate) const LISTS: usize = 64 * SL_COUNT;
 
 /// Most free blocks [`Strategy::MinMemory`] examines before settling.
 pub(crate) const BEST_FIT_BUDGET: usize = 64;
@@ -137,7 +138,6 @@ fn list_index_up(size: u64) -> usize {
 }
 
 /// The smallest size list `li` holds.
-#[cfg(test)]
 fn list_floor(li: usize) -> u64 {
     let (fl, sl) = (li / SL_COUNT, li % SL_COUNT);
     if fl == 0 {
@@ -184,6 +184,8 @@ struct Lists {
     heads: [u32; LISTS],
     /// Per octave, bit `sl` set when list `fl * 32 + sl` is non-empty.
     sl_bitmaps: [u32; 64],
+    /// What the exact search learnt about lists it walked, so that it can skip them.
+    summaries: FitSummaries,
 }
 
 /// The TLSF state of one block.
@@ -208,6 +210,9 @@ pub(crate) struct Tlsf {
     /// fragmentation metric. (Σ size and the count are not kept here: the block knows its
     /// free units, and nothing on a hot path needs the count.)
     squares: u128,
+    /// Free ranges the searches have looked at (tests count the work of a search with it).
+    #[cfg(test)]
+    pub(crate) examined: u64,
 }
 
 impl Tlsf {
@@ -222,8 +227,11 @@ impl Tlsf {
             lists: Box::new(Lists {
                 heads: [NIL; LISTS],
                 sl_bitmaps: [0; 64],
+                summaries: FitSummaries::new(),
             }),
             squares: 0,
+            #[cfg(test)]
+            examined: 0,
         };
         t.grow(capacity);
         t
@@ -265,8 +273,13 @@ impl Tlsf {
     /// Links free node `i` into its list.
     #[inline(always)]
     fn link_free(&mut self, i: u32) {
-        let size = self.nodes[i as usize].size;
-        self.link_into(i, list_index(size));
+        let (offset, size) = {
+            let n = &self.nodes[i as usize];
+            (n.offset, n.size)
+        };
+        let li = list_index(size);
+        self.link_into(i, li);
+        self.lists.summaries.note(li, offset, size);
         self.squares += square(size);
     }
 
@@ -360,7 +373,7 @@ impl Tlsf {
     /// Finds room for `size` aligned to `align` (a power of two). Returns the free node and
     /// the aligned offset inside it; nothing is changed yet.
     #[inline(always)]
-    pub(crate) fn find(&self, size: u64, align: u64, strategy: Strategy) -> Option<(u32, u64)> {
+    pub(crate) fn find(&mut self, size: u64, align: u64, strategy: Strategy) -> Option<(u32, u64)> {
         let mask = align - 1;
         // Plain `if let` chains rather than `Option::or_else`: the closures were not always
         // inlined, and returning the pair through memory cost more than the search itself.
@@ -410,19 +423,37 @@ impl Tlsf {
         fit(n.offset, n.size, size, mask).map(|at| (i, at))
     }
 
+    /// Counts a free range looked at by a search (tests only).
+    #[inline(always)]
+    fn examine(&mut self) {
+        #[cfg(test)]
+        {
+            self.examined += 1;
+        }
+    }
+
     /// Walks the lists that may hold a fitting block, lowest size first; the first block that
     /// fits wins. This is the exact fallback that rules out false out-of-memory failures.
+    /// Lists whose summary rules them out are skipped; a list walked to its end without a fit
+    /// gets a summary (see [`FitSummaries`]), so a failure costs a walk only the first time.
     #[inline(never)]
-    fn first_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+    fn first_fit(&mut self, size: u64, mask: u64) -> Option<(u32, u64)> {
+        let align_log2 = mask.count_ones();
         let mut list = self.first_list_from(list_index(size));
         while let Some(li) = list {
-            let mut i = self.head(li);
-            while i != NIL {
-                let n = &self.nodes[i as usize];
-                if let Some(at) = fit(n.offset, n.size, size, mask) {
-                    return Some((i, at));
+            if !self.lists.summaries.rules_out(li, size, align_log2) {
+                let mut i = self.head(li);
+                let mut most = 0;
+                while i != NIL {
+                    self.examine();
+                    let n = &self.nodes[i as usize];
+                    if let Some(at) = fit(n.offset, n.size, size, mask) {
+                        return Some((i, at));
+                    }
+                    most = most.max(fit_at(n.offset, n.size, align_log2));
+                    i = n.next_free;
                 }
-                i = n.next_free;
+                self.lists.summaries.set(li, align_log2, most);
             }
             list = self.next_list(li);
         }
@@ -432,15 +463,22 @@ impl Tlsf {
     /// The smallest fitting block (ties: lowest offset) among the first [`BEST_FIT_BUDGET`]
     /// blocks examined. Lists are ordered by size, so the search starts at the request's own
     /// list and stops at the first list that holds a fitting block; the budget bounds the walk
-    /// when many small blocks fail the alignment (then the good fit takes over).
+    /// when many small blocks fail the alignment (then the good fit takes over). Lists ruled
+    /// out by their summaries are skipped without using the budget.
     #[inline(never)]
-    fn best_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+    fn best_fit(&mut self, size: u64, mask: u64) -> Option<(u32, u64)> {
+        let align_log2 = mask.count_ones();
         let mut list = self.first_list_from(list_index(size));
         let mut budget = BEST_FIT_BUDGET;
         let mut best: Option<(u32, u64)> = None;
         while let Some(li) = list {
+            if self.lists.summaries.rules_out(li, size, align_log2) {
+                list = self.next_list(li);
+                continue;
+            }
             let mut i = self.head(li);
             while i != NIL {
+                self.examine();
                 let n = &self.nodes[i as usize];
                 if let Some(at) = fit(n.offset, n.size, size, mask) {
                     let better = best.is_none_or(|(b, _)| {
@@ -465,21 +503,35 @@ impl Tlsf {
         None
     }
 
-    /// The fitting block with the lowest offset (O(free ranges)).
+    /// The fitting block with the lowest offset (O(free ranges)). Lists ruled out by their
+    /// summaries are skipped; a list without a fitting block gets a summary.
     #[inline(never)]
-    fn lowest_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+    fn lowest_fit(&mut self, size: u64, mask: u64) -> Option<(u32, u64)> {
+        let align_log2 = mask.count_ones();
         let mut best: Option<(u32, u64)> = None;
         let mut list = self.first_list_from(list_index(size));
         while let Some(li) = list {
-            let mut i = self.head(li);
-            while i != NIL {
-                let n = &self.nodes[i as usize];
-                if best.is_none_or(|(_, b)| n.offset < b) {
-                    if let Some(at) = fit(n.offset, n.size, size, mask) {
-                        best = Some((i, at));
+            if !self.lists.summaries.rules_out(li, size, align_log2) {
+                let mut i = self.head(li);
+                let mut most = 0;
+                let mut fits_here = false;
+                while i != NIL {
+                    self.examine();
+                    let n = &self.nodes[i as usize];
+                    match fit(n.offset, n.size, size, mask) {
+                        Some(at) => {
+                            fits_here = true;
+                            if best.is_none_or(|(_, b)| at < b) {
+                                best = Some((i, at));
+                            }
+                        }
+                        None => most = most.max(fit_at(n.offset, n.size, align_log2)),
                     }
+                    i = n.next_free;
                 }
-                i = n.next_free;
+                if !fits_here {
+                    self.lists.summaries.set(li, align_log2, most);
+                }
             }
             list = self.next_list(li);
         }
@@ -488,14 +540,19 @@ impl Tlsf {
 
     /// Gives free node `i` a new range. It is moved to another list only when its size class
     /// changes, which spares two list updates in the common case of carving a small piece off
-    /// a big range (or merging one into it).
+    /// a big range (or merging one into it). `GROWS`: the new range contains the old one (a
+    /// merge), so a summary of its list must cover it; a range that shrinks in place cannot
+    /// break one.
     #[inline(always)]
-    fn resize_free(&mut self, i: u32, offset: u64, size: u64) {
+    fn resize_free<const GROWS: bool>(&mut self, i: u32, offset: u64, size: u64) {
         let old = self.nodes[i as usize].size;
         let (from, to) = (list_index(old), list_index(size));
         if from != to {
             self.unlink_from(i, from);
             self.link_into(i, to);
+            self.lists.summaries.note(to, offset, size);
+        } else if GROWS {
+            self.lists.summaries.note(to, offset, size);
         }
         let n = &mut self.nodes[i as usize];
         n.offset = offset;
@@ -536,7 +593,7 @@ impl Tlsf {
             next_free: NIL,
         };
         taken.set_taken(kind);
-        self.resize_free(i, at + size, rest);
+        self.resize_free::<false>(i, at + size, rest);
         let u = self.new_node(taken);
         self.nodes[i as usize].prev_phys = u;
         let before = if pad > 0 {
@@ -588,7 +645,7 @@ impl Tlsf {
             next_free: NIL,
         };
         taken.set_taken(kind);
-        self.resize_free(i, offset, pad);
+        self.resize_free::<false>(i, offset, pad);
         let u = self.new_node(taken);
         self.nodes[i as usize].next_phys = u;
         if next != NIL {
@@ -617,7 +674,7 @@ impl Tlsf {
             (false, false) => self.link_free(i),
             (false, true) => {
                 let grown = self.nodes[next as usize].size + size;
-                self.resize_free(next, offset, grown);
+                self.resize_free::<true>(next, offset, grown);
                 self.nodes[next as usize].prev_phys = prev;
                 if prev != NIL {
                     self.nodes[prev as usize].next_phys = next;
@@ -631,7 +688,7 @@ impl Tlsf {
                     let p = &self.nodes[prev as usize];
                     (p.offset, p.size)
                 };
-                self.resize_free(prev, p_off, p_size + size);
+                self.resize_free::<true>(prev, p_off, p_size + size);
                 self.nodes[prev as usize].next_phys = next;
                 if next != NIL {
                     self.nodes[next as usize].prev_phys = prev;
@@ -650,7 +707,7 @@ impl Tlsf {
                     let p = &self.nodes[prev as usize];
                     (p.offset, p.size)
                 };
-                self.resize_free(prev, p_off, p_size + size + n_size);
+                self.resize_free::<true>(prev, p_off, p_size + size + n_size);
                 self.nodes[prev as usize].next_phys = after;
                 if after != NIL {
                     self.nodes[after as usize].prev_phys = prev;
@@ -778,12 +835,31 @@ impl Tlsf {
         self.fl_bitmap = 0;
         self.lists.sl_bitmaps = [0; 64];
         self.lists.heads.fill(NIL);
+        self.lists.summaries.clear();
         self.squares = 0;
         self.grow(capacity);
     }
 
+    /// A lower bound on the largest free range in O(1): the largest range itself when its
+    /// list (the top non-empty one) holds only it, as it usually does, else that list's floor,
+    /// at most 1/32 below the largest range.
+    pub(crate) fn largest_free_at_least(&self) -> u64 {
+        if self.fl_bitmap == 0 {
+            return 0;
+        }
+        let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
+        let li = fl * SL_COUNT + 31 - self.lists.sl_bitmaps[fl].leading_zeros() as usize;
+        let n = &self.nodes[self.head(li) as usize];
+        if n.next_free == NIL {
+            n.size
+        } else {
+            list_floor(li)
+        }
+    }
+
     /// The size of the largest free range, exactly: the top non-empty list is found from the
-    /// bitmaps, then that one list is scanned (its blocks differ by at most 1/32).
+    /// bitmaps, then that one list is scanned (its blocks differ by at most 1/32), so the cost
+    /// is the length of that list.
     pub(crate) fn largest_free(&self) -> u64 {
         if self.fl_bitmap == 0 {
             return 0;
@@ -877,6 +953,9 @@ impl Tlsf {
                 }
                 if j != cur {
                     return Err(format!("node {cur}: free but not in list {li}"));
+                }
+                if !self.lists.summaries.covers(li, n.offset, n.size) {
+                    return Err(format!("node {cur}: list {li}'s fit summary is too low"));
                 }
             }
             expected_offset = n
