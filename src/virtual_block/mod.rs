@@ -13,9 +13,11 @@
 //!   and ring-buffer use.
 //! - **No false out-of-memory** with TLSF: when any free range can hold the request after
 //!   alignment, the allocation succeeds. (OffsetAllocator and O3DE's original can fail here.)
-//! - Handles ([`Alloc`]) carry the block's identity and a generation, so freeing a stale or
-//!   foreign handle is a typed [`Error`], never corruption.
-//! - Per-allocation user data (the type parameter `U`), an optional name and a [`Tag`].
+//! - Handles ([`Alloc`]) are 16 bytes: the offset, a record number and a stamp unique to
+//!   the block, so freeing a stale or foreign handle is a typed [`Error`], not corruption.
+//! - Alignment 0 means 1, as in VMA.
+//! - Per-allocation user data (the type parameter `U`), an optional name and a [`Tag`]
+//!   (a literal, or a name made at run time with [`Tag::intern`]).
 //! - O(1) [`statistics`](VirtualBlock::statistics), the exact
 //!   [`largest_free`](VirtualBlock::largest_free) range, a
 //!   [`fragmentation`](VirtualBlock::fragmentation) metric,
@@ -51,6 +53,7 @@ pub(crate) mod json;
 mod linear;
 mod stats;
 mod svg;
+mod tag_names;
 #[cfg(test)]
 mod tests;
 mod tlsf;
@@ -106,7 +109,18 @@ pub enum Strategy {
 /// A category an allocation belongs to, such as "textures" or "vertex buffers".
 ///
 /// Tags colour the [SVG memory map](VirtualBlock::to_svg), appear in the JSON and are summed by
-/// [`VirtualBlock::tag_statistics`]. A tag is a `'static` name, so it costs a pointer to carry.
+/// [`VirtualBlock::tag_statistics`]. A tag is a `'static` name, so it is `Copy` and costs a
+/// pointer to carry; two tags are equal when their names are.
+///
+/// ```
+/// use tagalloc::virtual_block::Tag;
+/// const TEXTURES: Tag = Tag::new("textures"); // a literal: no copy at all
+/// let pool = 3;
+/// let streaming = Tag::intern(&format!("streaming pool {pool}")); // made at run time
+/// assert_eq!(streaming.name(), "streaming pool 3");
+/// assert_eq!(streaming, Tag::intern("streaming pool 3"));
+/// assert_ne!(streaming, TEXTURES);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tag(&'static str);
 
@@ -116,9 +130,26 @@ impl Tag {
         Tag(name)
     }
 
+    /// A tag whose name is made at run time. The name is copied once into a process-wide
+    /// table and kept for the life of the process: the same name always gives back the same
+    /// copy, so the table grows with the number of distinct names, not of calls. The table
+    /// lives in pages from tagalloc's OS layer, never the global allocator, so this may be
+    /// called from allocator code. Takes a lock; make the tag once and keep it rather than
+    /// calling this for every allocation. (Aborts, as the standard library does, if the OS
+    /// refuses the few pages it needs.)
+    pub fn intern(name: &str) -> Self {
+        Tag(tag_names::intern(name))
+    }
+
     /// The tag's name.
     pub const fn name(self) -> &'static str {
         self.0
+    }
+
+    /// Same name: the same pointer (the same literal or interned copy) first, then the text.
+    #[inline(always)]
+    fn same(self, other: Tag) -> bool {
+        (self.0.as_ptr() == other.0.as_ptr() && self.0.len() == other.0.len()) || self.0 == other.0
     }
 }
 
@@ -152,7 +183,7 @@ impl<'a> Request<'a> {
         }
     }
 
-    /// Sets the alignment of the offset; it must be a power of two.
+    /// Sets the alignment of the offset: a power of two, or 0, which means 1 (as in VMA).
     pub const fn align(mut self, align: u64) -> Self {
         self.align = align;
         self
@@ -189,20 +220,28 @@ impl<'a> Request<'a> {
     }
 }
 
-/// A handle to one allocation of one block: small, `Copy`, and checked on every use.
+/// A handle to one allocation of one block: 16 bytes (`Option<Alloc>` too), `Copy`, and
+/// checked on every use.
 ///
-/// It records which block made it and a generation, so a handle that was freed (stale) or that
-/// comes from another block (foreign) is reported as an [`Error`] instead of freeing someone
-/// else's range. A committed defragmentation move retires the old handle and returns a new one.
+/// Besides the offset it holds the allocation's record number and a 32-bit stamp. Each block
+/// hands out stamps from its own counter, which starts at a point of the 32-bit circle unique
+/// to the block (block numbers times the golden ratio: the starts of `n` blocks are at least
+/// about 2³²/(3n) apart). So a handle that was freed (stale) is an [`Error::StaleHandle`], and one from
+/// another block an [`Error::ForeignHandle`] while its stamp is outside the range this block
+/// has issued; a foreign stamp inside it reads as stale, still an error. Using a handle can
+/// only reach someone else's range if record number, offset and stamp all match a live
+/// allocation of this block, which needs a foreign stamp inside this block's issued range
+/// (blocks that between them made billions of allocations) *and* the same record at the
+/// same offset. A committed defragmentation move retires the old handle and returns a new
+/// one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Alloc {
     offset: u64,
-    /// The allocation's record: its TLSF node (which holds the generation too, so `free`
-    /// checks the handle on the cache line it must touch anyway) or its linear slot.
+    /// The allocation's record: its TLSF node (which holds the stamp too, so `free` checks
+    /// the handle on the cache line it must touch anyway) or its linear slot.
     id: u32,
-    /// Drawn from the block's counter when the allocation was made.
-    generation: u32,
-    block: NonZeroU32,
+    /// Drawn from the block's [`Stamps`] when the allocation was made.
+    stamp: NonZeroU32,
 }
 
 impl Alloc {
@@ -276,7 +315,7 @@ impl<U> Range<'_, U> {
 pub enum Error {
     /// A request for zero units.
     ZeroSize,
-    /// An alignment that is not a power of two (0 included).
+    /// An alignment that is neither a power of two nor 0 (which means 1).
     BadAlignment(u64),
     /// No free range can hold the request after alignment (for TLSF this is never a false
     /// alarm). The fields tell how far off it was; all of them cost O(1) to fill in, so a
@@ -545,16 +584,57 @@ impl Engine {
 
 /// The record of `a` if it is a live allocation of `engine`, or why it is not one.
 #[inline(always)]
-fn check_handle(engine: &Engine, id: NonZeroU32, a: Alloc) -> Result<Record, Error> {
-    if a.block != id {
-        return Err(Error::ForeignHandle);
-    }
-    // Handles carry private fields and block ids are unique, so this block issued `a`: a
-    // mismatch means the allocation is gone (the offset check guards against a wrapped
-    // generation counter landing on the same node).
+fn check_handle(engine: &Engine, stamps: &Stamps, a: Alloc) -> Result<Record, Error> {
+    // The offset check guards against a wrapped stamp counter landing on the same record.
     match engine.record(a.id) {
-        Some(r) if r.generation == a.generation && r.offset == a.offset => Ok(r),
-        _ => Err(Error::StaleHandle),
+        Some(r) if r.generation == a.stamp.get() && r.offset == a.offset => Ok(r),
+        _ => Err(stamps.why_not_live(a.stamp)),
+    }
+}
+
+/// The stamps a block gives its allocations (see [`Alloc`]): a counter that starts at a
+/// point of the 32-bit circle unique to the block and skips 0.
+#[derive(Clone, Copy, Debug)]
+struct Stamps {
+    /// The first stamp.
+    base: u32,
+    /// The next stamp.
+    next: NonZeroU32,
+    /// Stamps issued so far.
+    issued: u64,
+}
+
+impl Stamps {
+    fn new(block: NonZeroU32) -> Self {
+        // An odd multiplier is a bijection of u32 and keeps a non-zero number non-zero;
+        // 2³²/φ spreads consecutive block numbers around the circle.
+        let base = block.get().wrapping_mul(0x9e37_79b9);
+        Stamps {
+            base,
+            next: NonZeroU32::new(base).unwrap_or(NonZeroU32::MIN),
+            issued: 0,
+        }
+    }
+
+    /// Takes the next stamp.
+    #[inline(always)]
+    fn take(&mut self) -> NonZeroU32 {
+        let stamp = self.next;
+        // Wraps at 2^32 to 1, never 0.
+        self.next = stamp.checked_add(1).unwrap_or(NonZeroU32::MIN);
+        self.issued += 1;
+        stamp
+    }
+
+    /// Why a handle with `stamp` is not a live allocation: stale if this block issued the
+    /// stamp, foreign if it never did.
+    #[cold]
+    fn why_not_live(&self, stamp: NonZeroU32) -> Error {
+        if u64::from(stamp.get().wrapping_sub(self.base)) < self.issued {
+            Error::StaleHandle
+        } else {
+            Error::ForeignHandle
+        }
     }
 }
 
@@ -580,11 +660,11 @@ pub struct VirtualBlock<U = ()> {
     /// User data by allocation id. Everything else about an allocation lives in its TLSF
     /// node or linear slot.
     users: Users<U>,
-    /// The next allocation's generation. One counter for the block rather than one per id:
-    /// an id's generation need not survive while the id is free (a TLSF node is then part
-    /// of a free range), and a stale handle matches only if the same id gets the same 32-bit
-    /// value at the same offset.
-    generation: u32,
+    /// The next allocation's stamp. One counter for the block rather than one per id: an
+    /// id's stamp need not survive while the id is free (a TLSF node is then part of a free
+    /// range), and a stale handle matches only if the same id gets the same 32-bit stamp at
+    /// the same offset.
+    stamps: Stamps,
     /// Live user allocations and their requested bytes.
     live_count: u32,
     live_bytes: u64,
@@ -622,12 +702,13 @@ impl<U> VirtualBlock<U> {
             Algorithm::Tlsf => Engine::Tlsf(Tlsf::new(capacity)),
             Algorithm::Linear => Engine::Linear(Linear::new(capacity)),
         };
+        let id = next_block_id();
         VirtualBlock {
-            id: next_block_id(),
+            id,
             capacity,
             engine,
             users: Users::default(),
-            generation: 0,
+            stamps: Stamps::new(id),
             live_count: 0,
             live_bytes: 0,
             defrag: defrag::DefragState::default(),
@@ -685,15 +766,15 @@ impl<U> VirtualBlock<U> {
             Ok(Alloc {
                 offset,
                 id: key as u32,
-                generation: (key >> 32) as u32,
-                block: self.id,
+                // Stamps are never 0; the fallback is never taken.
+                stamp: NonZeroU32::new((key >> 32) as u32).unwrap_or(NonZeroU32::MIN),
             })
         } else {
             Err(self.failure(offset, req))
         }
     }
 
-    /// [`allocate`](Self::allocate) without the handle: `(offset, generation << 32 | id)` on
+    /// [`allocate`](Self::allocate) without the handle: `(offset, stamp << 32 | id)` on
     /// success, `(Fail as u64, NIL)` on failure (`NIL` is never an id).
     #[inline(never)]
     fn allocate_core(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
@@ -701,14 +782,16 @@ impl<U> VirtualBlock<U> {
         if req.size == 0 {
             return fail(Fail::ZeroSize);
         }
-        if !req.align.is_power_of_two() {
+        // 0 means 1, as in VMA.
+        let align = req.align.max(1);
+        if !align.is_power_of_two() {
             return fail(Fail::BadAlignment);
         }
         let Ok(tag) = self.tag_code(req.tag) else {
             return fail(Fail::TooManyTags);
         };
-        let meta = Meta::new(req.align, req.name.is_some(), tag);
-        let generation = self.generation;
+        let meta = Meta::new(align, req.name.is_some(), tag);
+        let generation = self.stamps.next.get();
         let (id, offset) = match &mut self.engine {
             Engine::Tlsf(t) => {
                 if req.upper {
@@ -717,7 +800,7 @@ impl<U> VirtualBlock<U> {
                 if !t.has_room() {
                     return fail(Fail::TooManyAllocations);
                 }
-                match t.find(req.size, req.align, req.strategy) {
+                match t.find(req.size, align, req.strategy) {
                     Some((i, at)) => {
                         let kind = NodeKind::Used {
                             meta: meta.0,
@@ -728,16 +811,14 @@ impl<U> VirtualBlock<U> {
                     None => return fail(Fail::OutOfSpace),
                 }
             }
-            Engine::Linear(l) => {
-                match l.allocate(req.size, req.align, req.upper, meta.0, generation) {
-                    Ok(placed) => placed,
-                    Err(LinearFail::UpperInRing) => return fail(Fail::UpperAddressInRing),
-                    Err(LinearFail::TooManyAllocations) => return fail(Fail::TooManyAllocations),
-                    Err(LinearFail::NoSpace) => return fail(Fail::OutOfSpace),
-                }
-            }
+            Engine::Linear(l) => match l.allocate(req.size, align, req.upper, meta.0, generation) {
+                Ok(placed) => placed,
+                Err(LinearFail::UpperInRing) => return fail(Fail::UpperAddressInRing),
+                Err(LinearFail::TooManyAllocations) => return fail(Fail::TooManyAllocations),
+                Err(LinearFail::NoSpace) => return fail(Fail::OutOfSpace),
+            },
         };
-        self.generation = generation.wrapping_add(1);
+        self.stamps.take();
         self.put_user(id, user);
         if let Some(name) = req.name {
             self.names.insert(id, name.into());
@@ -767,11 +848,13 @@ impl<U> VirtualBlock<U> {
         self.users.put(id, user);
     }
 
-    /// The code of a tag, adding it to the table when new.
+    /// The code of a tag, adding it to the block's table when new. The table grows (through
+    /// the global allocator) only the first time the block sees a tag; after that a tagged
+    /// allocation finds its code without allocating.
     #[inline]
     fn tag_code(&mut self, tag: Option<Tag>) -> Result<u16, Error> {
         let Some(tag) = tag else { return Ok(0) };
-        if let Some(i) = self.tags.iter().position(|&t| t == tag) {
+        if let Some(i) = self.tags.iter().position(|&t| t.same(tag)) {
             return Ok(i as u16 + 1);
         }
         if self.tags.len() >= usize::from(u16::MAX) {
@@ -790,7 +873,7 @@ impl<U> VirtualBlock<U> {
     fn out_of_space(&self, req: &Request<'_>) -> Error {
         Error::OutOfSpace {
             size: req.size,
-            align: req.align,
+            align: req.align.max(1),
             free_bytes: self.free_bytes(),
             largest_free_at_least: match &self.engine {
                 Engine::Tlsf(t) => t.largest_free_at_least(),
@@ -802,7 +885,7 @@ impl<U> VirtualBlock<U> {
     /// The record of a live handle, or why it is not one.
     #[inline(always)]
     fn check(&self, a: Alloc) -> Result<Record, Error> {
-        check_handle(&self.engine, self.id, a)
+        check_handle(&self.engine, &self.stamps, a)
     }
 
     /// Frees an allocation and returns its user data. O(1) with TLSF (merging with free
@@ -811,7 +894,7 @@ impl<U> VirtualBlock<U> {
     pub fn free(&mut self, a: Alloc) -> Result<U, Error> {
         // Inlined wrapper, like `allocate`'s: the handle goes in registers and a failure
         // comes back as a one-byte code rather than a 40-byte `Error` through memory.
-        self.free_core(a.offset, a.id, a.generation, a.block)
+        self.free_core(a.offset, a.id, a.stamp)
             .map_err(|f| match f {
                 Fail::ForeignHandle => Error::ForeignHandle,
                 _ => Error::StaleHandle,
@@ -819,19 +902,8 @@ impl<U> VirtualBlock<U> {
     }
 
     #[inline(never)]
-    fn free_core(
-        &mut self,
-        offset: u64,
-        id: u32,
-        generation: u32,
-        block: NonZeroU32,
-    ) -> Result<U, Fail> {
-        let a = Alloc {
-            offset,
-            id,
-            generation,
-            block,
-        };
+    fn free_core(&mut self, offset: u64, id: u32, stamp: NonZeroU32) -> Result<U, Fail> {
+        let a = Alloc { offset, id, stamp };
         let r = self.check(a).map_err(|e| match e {
             Error::ForeignHandle => Fail::ForeignHandle,
             _ => Fail::StaleHandle,
@@ -857,7 +929,7 @@ impl<U> VirtualBlock<U> {
     /// Frees everything at once (dropping the user data); every handle becomes stale, and
     /// pending defragmentation moves are forgotten.
     pub fn clear(&mut self) {
-        // Old handles stay stale: the generation counter carries on, so no new allocation
+        // Old handles stay stale: the stamp counter carries on, so no new allocation
         // repeats theirs (and ids beyond the emptied arena are simply not live).
         self.users.clear();
         match &mut self.engine {
@@ -911,8 +983,7 @@ impl<U> VirtualBlock<U> {
             handle: Alloc {
                 offset: r.offset,
                 id,
-                generation: r.generation,
-                block: self.id,
+                stamp: NonZeroU32::new(r.generation)?,
             },
             offset: r.offset,
             size: r.size,

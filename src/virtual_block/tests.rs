@@ -480,10 +480,6 @@ fn bad_input_gives_typed_errors() {
         Err(Error::BadAlignment(3))
     );
     assert_eq!(
-        b.allocate(&req(8).align(0), ()),
-        Err(Error::BadAlignment(0))
-    );
-    assert_eq!(
         b.allocate(&req(8).upper_address(), ()),
         Err(Error::UpperAddressNotLinear)
     );
@@ -598,6 +594,96 @@ fn names_tags_and_user_data() {
         (Some("sphere"), Some("other"))
     );
     assert_eq!(b.free(a).unwrap(), "payload!");
+}
+
+#[test]
+fn alignment_zero_means_one() {
+    // As in VMA: TLSF, linear, and the pointer facade.
+    let mut b = VirtualBlock::<()>::new(100);
+    let x = b.allocate(&req(3), ()).unwrap();
+    let a = b.allocate(&req(5).align(0), ()).unwrap();
+    assert_eq!((a.offset(), b.info(a).unwrap().align), (3, 1));
+    assert!(matches!(
+        b.allocate(&req(200).align(0), ()),
+        Err(Error::OutOfSpace { align: 1, .. })
+    ));
+    b.free(x).unwrap();
+    let mut l = VirtualBlock::<()>::new_linear(100);
+    l.allocate(&req(3), ()).unwrap();
+    assert_eq!(l.allocate(&req(5).align(0), ()).unwrap().offset(), 3);
+    assert_eq!(
+        l.allocate(&req(5).align(0).upper_address(), ())
+            .unwrap()
+            .offset(),
+        95
+    );
+    let mut buffer = [0u8; 64];
+    let base = std::ptr::NonNull::new(buffer.as_mut_ptr()).unwrap();
+    let mut f = ExternalMapAllocator::new("align0", base, 64).unwrap();
+    let p = f.allocate(7, 0).unwrap();
+    f.deallocate(p.as_ptr()).unwrap();
+    check_consistent(&b);
+    check_consistent(&l);
+}
+
+#[test]
+fn handles_are_16_bytes_and_still_tell_stale_from_foreign() {
+    assert_eq!(std::mem::size_of::<Alloc>(), 16);
+    assert_eq!(std::mem::size_of::<Option<Alloc>>(), 16);
+    // Many blocks, each with allocations: a handle of one is foreign to every other, and
+    // stale once freed in its own.
+    let mut blocks: Vec<VirtualBlock<()>> = (0..40).map(|_| VirtualBlock::new(1 << 16)).collect();
+    let handles: Vec<Vec<Alloc>> = blocks
+        .iter_mut()
+        .map(|b| (0..50).map(|_| b.allocate(&req(16), ()).unwrap()).collect())
+        .collect();
+    for (i, b) in blocks.iter().enumerate() {
+        for (j, hs) in handles.iter().enumerate() {
+            for &h in hs {
+                let expected = if i == j {
+                    Ok(16)
+                } else {
+                    Err(Error::ForeignHandle)
+                };
+                assert_eq!(b.info(h).map(|x| x.size), expected);
+            }
+        }
+    }
+    let b = &mut blocks[7];
+    let h = handles[7][3];
+    b.free(h).unwrap();
+    assert_eq!(b.free(h), Err(Error::StaleHandle));
+    // Its record is reused by the next allocation (same offset too): still stale.
+    let again = b.allocate(&req(16), ()).unwrap();
+    assert_eq!(again.offset(), h.offset());
+    assert_ne!(again, h);
+    assert_eq!(b.free(h), Err(Error::StaleHandle));
+    assert_eq!(blocks[8].free(again), Err(Error::ForeignHandle));
+}
+
+#[test]
+fn tags_with_names_made_at_run_time() {
+    let mut b = VirtualBlock::<()>::new(1 << 20);
+    let pools: Vec<Tag> = (0..3).map(|i| Tag::intern(&format!("pool {i}"))).collect();
+    for (i, &t) in pools.iter().enumerate() {
+        for _ in 0..=i {
+            b.allocate(&req(100).tag(t), ()).unwrap();
+        }
+    }
+    // The same name made again, or written as a literal, is the same tag.
+    let again = Tag::intern(&String::from("pool 2"));
+    assert_eq!(again, pools[2]);
+    assert_eq!(again.name().as_ptr(), pools[2].name().as_ptr());
+    b.allocate(&req(100).tag(Tag::new("pool 2")), ()).unwrap();
+    let stats = b.tag_statistics();
+    let counts: Vec<(&str, u32)> = stats
+        .iter()
+        .map(|t| (t.tag.unwrap().name(), t.allocation_count))
+        .collect();
+    assert_eq!(counts, [("pool 0", 1), ("pool 1", 2), ("pool 2", 4)]);
+    assert!(b.to_json(true).contains("\"Tag\": \"pool 1\""));
+    assert!(b.to_svg().contains("pool 0"));
+    check_consistent(&b);
 }
 
 #[test]
