@@ -163,6 +163,8 @@ impl<U> VirtualBlock<U> {
             return Err(Error::DefragPending);
         }
         self.defrag.forget();
+        // Moves may land in alignment padding too, which must be in its list to be taken.
+        t.list_all();
         // Free ranges by offset, and allocations from the top down.
         let mut free: Vec<(u64, u64, u32)> = Vec::new();
         let mut used: Vec<(u32, u64, u64, u32, u32)> = Vec::new();
@@ -203,7 +205,9 @@ impl<U> VirtualBlock<U> {
                 id,
                 stamp,
             };
-            let reserved = t.take(node, at, size, NodeKind::Reserved(index));
+            // An earlier move of this pass may have left padding, unlisted.
+            t.list_all();
+            let reserved = t.take(node, t.list_of(node), at, size, NodeKind::Reserved(index));
             // Replace the consumed free range by what is left of it, keeping offset order.
             let (offset, fsize, _) = free.remove(k);
             let mut rest = Vec::with_capacity(2);

@@ -30,15 +30,15 @@ use super::tlsf::LISTS;
 /// The summaries of one block's size classes.
 #[derive(Clone, Debug)]
 pub(crate) struct FitSummaries {
-    /// Per octave, bit `sl` set when class `fl * 32 + sl` has a summary.
-    bits: [u32; 64],
-    /// Made on the first summary: blocks whose allocations never fail the O(1) paths pay
-    /// nothing but the bitmap.
+    /// Made on the first summary: a block whose allocations never need the exact search pays
+    /// one test of this pointer where a range joins a class.
     table: Option<Box<Table>>,
 }
 
 #[derive(Clone, Debug)]
 struct Table {
+    /// Per octave, bit `sl` set when class `fl * 32 + sl` has a summary.
+    bits: [u32; 64],
     /// log2 of the alignment each summary is for.
     align_log2: [u8; LISTS],
     /// An upper bound on what any range of the class holds at that alignment.
@@ -58,32 +58,22 @@ pub(crate) fn fit_at(offset: u64, size: u64, align_log2: u32) -> u64 {
 
 impl FitSummaries {
     pub(crate) const fn new() -> Self {
-        FitSummaries {
-            bits: [0; 64],
-            table: None,
-        }
+        FitSummaries { table: None }
     }
 
+    /// The table if class `li` has a summary in it.
     #[inline(always)]
-    fn has(&self, li: usize) -> bool {
-        self.bits[(li / 32) & 63] & (1 << (li % 32)) != 0
+    fn summary(&self, li: usize) -> Option<&Table> {
+        self.table
+            .as_deref()
+            .filter(|t| t.bits[(li / 32) & 63] & (1 << (li % 32)) != 0)
     }
 
     /// A free range `[offset, offset + size)` joined class `li` or grew in it.
     #[inline(always)]
     pub(crate) fn note(&mut self, li: usize, offset: u64, size: u64) {
-        if self.has(li) {
-            self.raise(li, offset, size);
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn raise(&mut self, li: usize, offset: u64, size: u64) {
         if let Some(t) = &mut self.table {
-            let li = li % LISTS;
-            let fit = fit_at(offset, size, u32::from(t.align_log2[li]));
-            t.fit[li] = t.fit[li].max(fit);
+            t.raise(li, offset, size);
         }
     }
 
@@ -91,10 +81,9 @@ impl FitSummaries {
     /// `2^align_log2`.
     #[inline]
     pub(crate) fn rules_out(&self, li: usize, size: u64, align_log2: u32) -> bool {
-        if !self.has(li) {
+        let Some(t) = self.summary(li) else {
             return false;
-        }
-        let Some(t) = &self.table else { return false };
+        };
         let li = li % LISTS;
         align_log2 >= u32::from(t.align_log2[li]) && t.fit[li] < size
     }
@@ -104,6 +93,7 @@ impl FitSummaries {
     pub(crate) fn set(&mut self, li: usize, align_log2: u32, fit: u64) {
         let t = self.table.get_or_insert_with(|| {
             Box::new(Table {
+                bits: [0; 64],
                 align_log2: [0; LISTS],
                 fit: [0; LISTS],
             })
@@ -111,23 +101,39 @@ impl FitSummaries {
         let li = li % LISTS;
         t.align_log2[li] = align_log2 as u8;
         t.fit[li] = fit;
-        self.bits[li / 32] |= 1 << (li % 32);
+        t.bits[li / 32] |= 1 << (li % 32);
     }
 
-    /// Forgets every summary (the block was emptied).
+    /// Forgets every summary (the block was emptied). The table stays for the next ones.
     pub(crate) fn clear(&mut self) {
-        self.bits = [0; 64];
+        if let Some(t) = &mut self.table {
+            t.bits = [0; 64];
+        }
     }
 
     /// Whether the summary of class `li`, if any, covers a free range `[offset, offset + size)`
     /// (for `validate`).
     pub(crate) fn covers(&self, li: usize, offset: u64, size: u64) -> bool {
-        match &self.table {
-            Some(t) if self.has(li) => {
+        match self.summary(li) {
+            Some(t) => {
                 let li = li % LISTS;
                 fit_at(offset, size, u32::from(t.align_log2[li])) <= t.fit[li]
             }
-            _ => true,
+            None => true,
+        }
+    }
+}
+
+impl Table {
+    /// Raises class `li`'s bound, if it has one, to cover `[offset, offset + size)`. Out of
+    /// line: only blocks that have needed the exact search get here.
+    #[cold]
+    #[inline(never)]
+    fn raise(&mut self, li: usize, offset: u64, size: u64) {
+        let li = li % LISTS;
+        if self.bits[li / 32] & (1 << (li % 32)) != 0 {
+            let fit = fit_at(offset, size, u32::from(self.align_log2[li]));
+            self.fit[li] = self.fit[li].max(fit);
         }
     }
 }

@@ -224,9 +224,9 @@ impl<'a> Request<'a> {
 /// checked on every use.
 ///
 /// Besides the offset it holds the allocation's record number and a 32-bit stamp. Each block
-/// hands out stamps from its own counter, which starts at a point of the 32-bit circle unique
-/// to the block (block numbers times the golden ratio: the starts of `n` blocks are at least
-/// about 2³²/(3n) apart). So a handle that was freed (stale) is an [`Error::StaleHandle`], and one from
+/// hands out odd stamps from its own counter, which starts at a point of the 32-bit circle
+/// unique to the block (block numbers times the golden ratio: the starts of `n` blocks are at
+/// least about 2³²/(3n) apart). So a handle that was freed (stale) is an [`Error::StaleHandle`], and one from
 /// another block an [`Error::ForeignHandle`] while its stamp is outside the range this block
 /// has issued; a foreign stamp inside it reads as stale, still an error. Using a handle can
 /// only reach someone else's range if record number, offset and stamp all match a live
@@ -592,36 +592,42 @@ fn check_handle(engine: &Engine, stamps: &Stamps, a: Alloc) -> Result<Record, Er
     }
 }
 
-/// The stamps a block gives its allocations (see [`Alloc`]): a counter that starts at a
-/// point of the 32-bit circle unique to the block and skips 0.
+/// The stamps a block gives its allocations (see [`Alloc`]): odd numbers, counted in steps
+/// of 2 from a point of the 32-bit circle unique to the block, so never 0.
 #[derive(Clone, Copy, Debug)]
 struct Stamps {
     /// The first stamp.
     base: u32,
-    /// The next stamp.
-    next: NonZeroU32,
+    /// The next stamp (odd).
+    next: u32,
     /// Stamps issued so far.
     issued: u64,
 }
 
 impl Stamps {
     fn new(block: NonZeroU32) -> Self {
-        // An odd multiplier is a bijection of u32 and keeps a non-zero number non-zero;
-        // 2³²/φ spreads consecutive block numbers around the circle.
-        let base = block.get().wrapping_mul(0x9e37_79b9);
+        // An odd multiplier is a bijection of u32; 2³²/φ spreads consecutive block numbers
+        // around the circle.
+        let base = block.get().wrapping_mul(0x9e37_79b9) | 1;
         Stamps {
             base,
-            next: NonZeroU32::new(base).unwrap_or(NonZeroU32::MIN),
+            next: base,
             issued: 0,
         }
+    }
+
+    /// The stamp the next allocation gets.
+    #[inline(always)]
+    fn peek(&self) -> NonZeroU32 {
+        // Odd, so `| 1` changes nothing; it only tells the compiler that it is not 0.
+        nonzero_stamp(self.next)
     }
 
     /// Takes the next stamp.
     #[inline(always)]
     fn take(&mut self) -> NonZeroU32 {
-        let stamp = self.next;
-        // Wraps at 2^32 to 1, never 0.
-        self.next = stamp.checked_add(1).unwrap_or(NonZeroU32::MIN);
+        let stamp = self.peek();
+        self.next = self.next.wrapping_add(2);
         self.issued += 1;
         stamp
     }
@@ -630,12 +636,19 @@ impl Stamps {
     /// stamp, foreign if it never did.
     #[cold]
     fn why_not_live(&self, stamp: NonZeroU32) -> Error {
-        if u64::from(stamp.get().wrapping_sub(self.base)) < self.issued {
+        let steps = stamp.get().wrapping_sub(self.base);
+        if steps % 2 == 0 && u64::from(steps / 2) < self.issued {
             Error::StaleHandle
         } else {
             Error::ForeignHandle
         }
     }
+}
+
+/// A stamp (odd) as the non-zero number it is.
+#[inline(always)]
+fn nonzero_stamp(stamp: u32) -> NonZeroU32 {
+    NonZeroU32::new(stamp | 1).unwrap_or(NonZeroU32::MIN)
 }
 
 /// Source of block identities for foreign-handle detection.
@@ -761,22 +774,54 @@ impl<U> VirtualBlock<U> {
         // the handle is then built where it is used instead of being passed back through
         // memory (a 40-byte `Result` written field by field and read back with wider loads,
         // which the CPU cannot forward from its store buffer).
-        let (offset, key) = self.allocate_core(req, user);
+        // Requests without tag and name (decided at compile time for most call sites) pass
+        // their fields in registers, and the request itself need not be built in memory.
+        let (offset, key) = if req.tag.is_none() && req.name.is_none() {
+            self.allocate_plain(req.size, req.align, req.strategy, req.upper, user)
+        } else {
+            self.allocate_labelled(req, user)
+        };
         if key as u32 != NIL {
             Ok(Alloc {
                 offset,
                 id: key as u32,
-                // Stamps are never 0; the fallback is never taken.
-                stamp: NonZeroU32::new((key >> 32) as u32).unwrap_or(NonZeroU32::MIN),
+                stamp: nonzero_stamp((key >> 32) as u32),
             })
         } else {
             Err(self.failure(offset, req))
         }
     }
 
+    /// [`allocate`](Self::allocate) of a request without tag or name.
+    #[inline(never)]
+    fn allocate_plain(
+        &mut self,
+        size: u64,
+        align: u64,
+        strategy: Strategy,
+        upper: bool,
+        user: U,
+    ) -> (u64, u64) {
+        let req = Request {
+            size,
+            align,
+            strategy,
+            upper,
+            tag: None,
+            name: None,
+        };
+        self.allocate_core(&req, user)
+    }
+
+    /// [`allocate`](Self::allocate) of a request with a tag or a name.
+    #[inline(never)]
+    fn allocate_labelled(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
+        self.allocate_core(req, user)
+    }
+
     /// [`allocate`](Self::allocate) without the handle: `(offset, stamp << 32 | id)` on
     /// success, `(Fail as u64, NIL)` on failure (`NIL` is never an id).
-    #[inline(never)]
+    #[inline(always)]
     fn allocate_core(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
         let fail = |f: Fail| (f as u64, u64::from(NIL));
         if req.size == 0 {
@@ -791,7 +836,7 @@ impl<U> VirtualBlock<U> {
             return fail(Fail::TooManyTags);
         };
         let meta = Meta::new(align, req.name.is_some(), tag);
-        let generation = self.stamps.next.get();
+        let generation = self.stamps.peek().get();
         let (id, offset) = match &mut self.engine {
             Engine::Tlsf(t) => {
                 if req.upper {
@@ -801,12 +846,12 @@ impl<U> VirtualBlock<U> {
                     return fail(Fail::TooManyAllocations);
                 }
                 match t.find(req.size, align, req.strategy) {
-                    Some((i, at)) => {
+                    Some((i, li, at)) => {
                         let kind = NodeKind::Used {
                             meta: meta.0,
                             generation,
                         };
-                        (t.take(i, at, req.size, kind), at)
+                        (t.take(i, li, at, req.size, kind), at)
                     }
                     None => return fail(Fail::OutOfSpace),
                 }
@@ -903,23 +948,33 @@ impl<U> VirtualBlock<U> {
 
     #[inline(never)]
     fn free_core(&mut self, offset: u64, id: u32, stamp: NonZeroU32) -> Result<U, Fail> {
-        let a = Alloc { offset, id, stamp };
-        let r = self.check(a).map_err(|e| match e {
-            Error::ForeignHandle => Fail::ForeignHandle,
-            _ => Fail::StaleHandle,
-        })?;
-        // A live record always has its user data; taking it before touching the algorithm
-        // keeps the block unchanged should that ever not hold.
-        let user = self.users.take(a.id).ok_or(Fail::StaleHandle)?;
-        match &mut self.engine {
-            Engine::Tlsf(t) => t.release(a.id),
-            Engine::Linear(l) => {
-                let freed = l.free(a.id);
-                debug_assert_eq!(freed, Some(r));
+        let live = |r: Option<Record>| match r {
+            Some(r) if r.generation == stamp.get() && r.offset == offset => Ok(r),
+            _ => match self.stamps.why_not_live(stamp) {
+                Error::ForeignHandle => Err(Fail::ForeignHandle),
+                _ => Err(Fail::StaleHandle),
+            },
+        };
+        // One match on the algorithm for the check and the release. A live record always has
+        // its user data; taking it before touching the algorithm keeps the block unchanged
+        // should that ever not hold.
+        let (r, user) = match &mut self.engine {
+            Engine::Tlsf(t) => {
+                let r = live(t.record(id))?;
+                let user = self.users.take(id).ok_or(Fail::StaleHandle)?;
+                t.release(id);
+                (r, user)
             }
-        }
+            Engine::Linear(l) => {
+                let r = live(l.record(id))?;
+                let user = self.users.take(id).ok_or(Fail::StaleHandle)?;
+                let freed = l.free(id);
+                debug_assert_eq!(freed, Some(r));
+                (r, user)
+            }
+        };
         if Meta(r.meta).named() {
-            self.names.remove(&a.id);
+            self.names.remove(&id);
         }
         self.live_count -= 1;
         self.live_bytes -= r.size;

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::time::Instant;
 
+use crate::clock::thread_cpu_ns;
 use crate::contenders::{CONTENDERS, Contender, RANGE_ALLOC, RLSF, with_contender};
 use crate::gpu_workload::{FRAMES, GpuWorkload, HEAP, Op, gpu_heap};
 use crate::median;
@@ -41,9 +41,9 @@ pub fn replay<C: Contender>(c: &mut C, ops: &[Op], handles: &mut [Option<C::Hand
 /// Nanoseconds per operation for one run on a fresh contender.
 fn timed<C: Contender>(c: &mut C, w: &GpuWorkload) -> (f64, u64) {
     let mut handles = vec![None; w.slots];
-    let t = Instant::now();
+    let t = thread_cpu_ns();
     let failures = replay(c, &w.ops, &mut handles);
-    let ns = t.elapsed().as_nanos() as f64 / w.ops.len() as f64;
+    let ns = (thread_cpu_ns() - t) as f64 / w.ops.len() as f64;
     (ns, failures)
 }
 

@@ -17,7 +17,8 @@
 //!    allocations in every linear mode and on a TLSF block full of holes that miss the
 //!    alignment (tagalloc; offset-allocator for reference).
 //!
-//! Fairness: the same pre-generated random sequence for everyone; offset-allocator has no
+//! Times are this thread's CPU time ([`clock`]): on a shared machine the wall clock also
+//! counts other processes. Fairness: the same pre-generated random sequence for everyone; offset-allocator has no
 //! alignment, so it is asked for `size + align - 1` and the offset rounded up (as its issue #3
 //! suggests); rlsf keeps headers inside the managed memory, so it works on a real,
 //! pre-faulted buffer and its false-OOM count is not defined.
@@ -27,6 +28,7 @@
 //! `--timing-only` skips the GPU workload's false-OOM check). `VB_ONLY=0,3` runs
 //! only those rows (see [`contenders::CONTENDERS`]), for profiling.
 
+mod clock;
 mod contenders;
 mod failures;
 mod gpu;

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::time::Instant;
 
+use crate::clock::thread_cpu_ns;
 use crate::contenders::{CONTENDERS, Contender, RLSF, with_contender};
 use crate::{Rng, median};
 
@@ -65,7 +65,7 @@ pub struct ReplicaResult {
 fn run_replica<C: Contender>(c: &mut C, w: &Replica, align: u64) -> ReplicaResult {
     let mut live: Vec<C::Handle> = Vec::with_capacity(FIRST_ALLOCS * 2);
     let mut failures = 0;
-    let t0 = Instant::now();
+    let t0 = thread_cpu_ns();
     for &s in &w.first_sizes {
         match c.alloc(s, align) {
             Some((h, off, _)) => {
@@ -75,7 +75,7 @@ fn run_replica<C: Contender>(c: &mut C, w: &Replica, align: u64) -> ReplicaResul
             None => failures += 1,
         }
     }
-    let t1 = Instant::now();
+    let t1 = thread_cpu_ns();
     for &(is_alloc, x) in &w.ops {
         if is_alloc || live.is_empty() {
             match c.alloc(if is_alloc { x } else { 1 }, align) {
@@ -90,13 +90,13 @@ fn run_replica<C: Contender>(c: &mut C, w: &Replica, align: u64) -> ReplicaResul
             c.free(live.swap_remove(i));
         }
     }
-    let t2 = Instant::now();
+    let t2 = thread_cpu_ns();
     let remaining = live.len();
     for h in live.drain(..) {
         c.free(h);
     }
-    let t3 = Instant::now();
-    let ns = |a: Instant, b: Instant, n: usize| (b - a).as_nanos() as f64 / n.max(1) as f64;
+    let t3 = thread_cpu_ns();
+    let ns = |a: u64, b: u64, n: usize| (b - a) as f64 / n.max(1) as f64;
     ReplicaResult {
         alloc: ns(t0, t1, FIRST_ALLOCS),
         random: ns(t1, t2, RANDOM_OPS),
