@@ -524,7 +524,8 @@ pub(crate) struct Record {
 }
 
 /// An allocation's alignment, tag and whether it is named, packed into 23 bits so that the
-/// TLSF node of a used range can carry them (see `tlsf::TAKEN`): bits 0..6 log2(alignment),
+/// TLSF node of a used range can carry them (see `tlsf::TAKEN`): bits 0..6 log2(alignment)
+/// (where the TLSF finds it to locate an allocation after its padding, `tlsf::ALIGN_BITS`),
 /// bit 6 named, bits 7..23 the tag code (index + 1 into `VirtualBlock::tags`, 0 untagged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Meta(u32);
@@ -555,8 +556,10 @@ impl Meta {
     }
 }
 
-// The 16-bit tag code ends at bit 23, inside what a used TLSF node can carry.
+// The 16-bit tag code ends at bit 23, inside what a used TLSF node can carry, and the
+// alignment's log2 is where the TLSF reads it.
 const _: () = assert!((1u32 << (Meta::TAG_SHIFT + 16)) - 1 <= tlsf::META_MASK);
+const _: () = assert!(Meta::NAMED == tlsf::ALIGN_BITS + 1);
 
 #[derive(Clone, Debug)]
 enum Engine {

@@ -15,12 +15,16 @@
 //! free of false out-of-memory failures (OffsetAllocator stops after the first step).
 //!
 //! Alignment padding (the free space an aligned allocation leaves before itself, smaller
-//! than the alignment) gets a free node but is not linked into a list at once: it is
-//! *unlisted*, noted on a stack instead. Most padding is merged away again when a neighbour is
-//! freed, and an unlisted node costs nothing to merge, where linking and unlinking it was
-//! about a fifth of an allocation and free. The O(1) paths do not see unlisted padding (it
-//! is too small for the requests that leave it); the exact searches, which decide that
-//! nothing fits, list it all first, so no false out-of-memory can come from it.
+//! than the alignment) is kept in the allocation's own node: a used node covers its padding
+//! and its allocation, which starts at the node's first offset aligned to the allocation's
+//! alignment (the low bits of its meta, see [`ALIGN_BITS`]). The padding is free space all
+//! the same: the range before it takes it over when freed, it is freed with the allocation,
+//! and the exact searches, which decide that nothing fits, first give every padding a free
+//! node of its own in its list ([`Tlsf::list_all`]), so no false out-of-memory can come from
+//! it. The O(1) paths do not see padding (it is too small for the requests that leave it).
+//! That is a node and a list update less per aligned allocation, one node less to touch per
+//! free, and an arena half the size when most allocations are padded (the numbers are in
+//! docs/performance.md).
 //!
 //! Nothing here knows about handles or user data: a used node only carries the meta bits and
 //! generation that the block above gives it, and a reserved one a move number.
@@ -46,7 +50,7 @@ pub(crate) const BEST_FIT_BUDGET: usize = 64;
 /// What a node is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NodeKind {
-    /// A free range, linked into a size list (or unlisted padding).
+    /// A free range, linked into a size list.
     Free,
     /// A live allocation. The node index is the allocation's identity; `meta` is the block's
     /// packed per-allocation data (below 2^29) and `generation` tells this allocation from
@@ -65,17 +69,17 @@ pub(crate) enum NodeKind {
 /// This keeps a node at 32 bytes, two per cache line, with everything `free` needs to check
 /// a handle and release its range on one line.
 const TAKEN: u32 = 1 << 31;
-/// `prev_free` of a free node that is in no list (alignment padding, see the module docs).
-/// Below [`TAKEN`], so the node counts as free; no node index reaches it.
-const UNLISTED: u32 = TAKEN - 1;
 const VACANT: u32 = TAKEN;
 const RESERVED: u32 = TAKEN | 1 << 29;
 const USED: u32 = TAKEN | 2 << 29;
 const KIND_MASK: u32 = TAKEN | 3 << 29;
 /// The bits of a used node's word that hold its meta.
 pub(crate) const META_MASK: u32 = (1 << 29) - 1;
-/// Nodes an arena may hold (indices below [`UNLISTED`]).
-pub(crate) const MAX_NODES: usize = UNLISTED as usize;
+/// The low bits of a used node's meta: log2 of the allocation's alignment. (The block's
+/// `Meta` puts it there; a reserved node has 0 there, alignment 1, and never padding.)
+pub(crate) const ALIGN_BITS: u32 = 63;
+/// Nodes an arena may hold (indices below [`TAKEN`]).
+pub(crate) const MAX_NODES: usize = TAKEN as usize;
 
 #[derive(Clone, Debug)]
 #[repr(align(32))]
@@ -93,13 +97,36 @@ struct Node {
 impl Node {
     #[inline]
     fn is_free(&self) -> bool {
-        // Free links are below TAKEN (UNLISTED included) or NIL; NIL + 1 wraps to 0.
+        // Free links are below TAKEN or NIL; NIL + 1 wraps to 0.
         self.prev_free.wrapping_add(1) <= TAKEN
     }
 
-    #[inline]
-    fn is_unlisted(&self) -> bool {
-        self.prev_free == UNLISTED
+    /// Where a taken node's allocation starts: its first offset aligned to the allocation's
+    /// alignment (the node's own offset unless it holds padding).
+    #[inline(always)]
+    fn start(&self) -> u64 {
+        debug_assert!(!self.is_free());
+        let mask = (1u64 << (self.prev_free & ALIGN_BITS)) - 1;
+        // Cannot wrap for a valid node: the aligned start lies inside it.
+        self.offset.wrapping_add(mask) & !mask
+    }
+
+    /// The padding a taken node holds before its allocation (0 for a free or vacant node).
+    #[inline(always)]
+    fn padding(&self) -> u64 {
+        if self.is_free() || self.prev_free & KIND_MASK == VACANT {
+            0
+        } else {
+            self.start() - self.offset
+        }
+    }
+
+    /// Whether the node holds padding: taken, and not starting at an aligned offset.
+    #[inline(always)]
+    fn is_padded(&self) -> bool {
+        let mask = (1u64 << (self.prev_free & ALIGN_BITS)) - 1;
+        let taken = !self.is_free() && self.prev_free & KIND_MASK != VACANT;
+        taken && self.offset & mask != 0
     }
 
     #[inline]
@@ -232,12 +259,17 @@ fn unpack((node_list, at): Packed) -> Option<Found> {
 #[derive(Clone, Debug)]
 pub(crate) struct Tlsf {
     nodes: Vec<Node>,
-    /// Unlisted padding nodes (see the module docs), pushed as they are made. Entries go
-    /// stale when their node is merged away (and may repeat when it is reused as padding):
-    /// a node is unlisted exactly when its `prev_free` says so. Compacted when full.
-    unlisted: Vec<u32>,
-    /// Nodes that are unlisted now.
-    unlisted_count: u32,
+    /// Nodes that hold padding (see the module docs), pushed as they are made. Entries go
+    /// stale when the padding is taken over or the node freed: a node holds padding exactly
+    /// when [`Node::padding`] says so. Compacted when full.
+    padded: Vec<u32>,
+    /// One bit per node: on the padded stack. A node reused for another padded allocation
+    /// while its old entry waits there is not pushed again (the entry names the node, not the
+    /// allocation); in the GPU-heap workload the same few hundred nodes carry each frame's
+    /// padded buffers.
+    noted: Vec<u64>,
+    /// Nodes that hold padding now.
+    padded_count: u32,
     /// Vacant nodes, most recently vacated last. A stack of indices rather than a chain
     /// through the nodes: taking one needs no load from the (possibly cold) node itself, so
     /// the two nodes an aligned allocation may create do not wait on each other.
@@ -263,8 +295,9 @@ impl Tlsf {
     pub(crate) fn new(capacity: u64) -> Self {
         let mut t = Tlsf {
             nodes: Vec::new(),
-            unlisted: Vec::new(),
-            unlisted_count: 0,
+            padded: Vec::new(),
+            noted: Vec::new(),
+            padded_count: 0,
             vacant: Vec::new(),
             first: NIL,
             last: NIL,
@@ -386,6 +419,7 @@ impl Tlsf {
     }
 
     /// Unlinks free node `i` from its list.
+    #[inline(always)]
     fn unlink_free(&mut self, i: u32) {
         let size = self.node(i).size;
         self.unlink(i, list_index(size));
@@ -400,90 +434,99 @@ impl Tlsf {
         self.link(i, list_index(size), offset, size);
     }
 
-    /// Makes new padding node `i`, `[offset, offset + size)` between `prev` and `next`, an
-    /// unlisted free node.
+    /// Makes room to note one more node holding padding. Called before the node is written:
+    /// an entry of an earlier life of that node must not be dropped as stale meanwhile.
     #[inline(always)]
-    fn add_unlisted(&mut self, i: u32, offset: u64, size: u64, prev: u32, next: u32) {
-        // Compact before `i` is marked: a stale entry of an earlier life of `i` must not be
-        // kept for it.
-        if self.unlisted.len() == self.unlisted.capacity() {
-            self.compact_unlisted();
+    fn reserve_padded(&mut self) {
+        if self.padded.len() == self.padded.capacity() {
+            self.compact_padded();
         }
-        *self.node_mut(i) = Node {
-            offset,
-            size,
-            prev_phys: prev,
-            next_phys: next,
-            prev_free: UNLISTED,
-            next_free: NIL,
-        };
-        self.unlisted.push(i);
-        self.unlisted_count += 1;
     }
 
-    /// Drops stale and repeated entries from the unlisted stack, and makes room for as many
-    /// again: amortised O(1) per entry.
+    /// Notes that node `i` now holds padding (after [`Tlsf::reserve_padded`]).
+    #[inline(always)]
+    fn add_padded(&mut self, i: u32) {
+        let (word, bit) = (i as usize / 64, 1u64 << (i % 64));
+        if word >= self.noted.len() {
+            self.noted.resize(self.nodes.len().div_ceil(64), 0);
+        }
+        let w = &mut self.noted[word];
+        if *w & bit == 0 {
+            *w |= bit;
+            self.padded.push(i);
+        }
+        self.padded_count += 1;
+    }
+
+    /// Drops stale entries from the padded stack, and makes room for as many again: amortised
+    /// O(1) per entry.
     #[cold]
     #[inline(never)]
-    fn compact_unlisted(&mut self) {
-        const SEEN: u32 = NIL - 1;
-        let mut stack = std::mem::take(&mut self.unlisted);
+    fn compact_padded(&mut self) {
+        let mut stack = std::mem::take(&mut self.padded);
         stack.retain(|&i| {
-            let n = self.node_mut(i);
-            let keep = n.is_unlisted() && n.next_free != SEEN;
-            if keep {
-                // An unlisted node's `next_free` is unused: mark it to drop repeats.
-                n.next_free = SEEN;
+            let keep = self.node(i).is_padded();
+            if !keep {
+                self.noted[i as usize / 64] &= !(1 << (i % 64));
             }
             keep
         });
-        for &i in &stack {
-            self.node_mut(i).next_free = NIL;
-        }
-        debug_assert_eq!(stack.len(), self.unlisted_count as usize);
-        stack.reserve(stack.len() + 16);
-        self.unlisted = stack;
+        debug_assert_eq!(stack.len(), self.padded_count as usize);
+        // Room for twice as many again and then some: the walk above is then paid by at
+        // least as many pushes as it looked at entries.
+        stack.reserve(2 * stack.len() + 1024);
+        self.padded = stack;
     }
 
-    /// Links every unlisted node into its list (the exact searches need all free ranges).
+    /// Gives the padding of every node that holds some a free node of its own, in its list
+    /// (the exact searches need to see all free ranges).
     #[cold]
     #[inline(never)]
-    fn list_unlisted(&mut self) {
-        let mut stack = std::mem::take(&mut self.unlisted);
+    fn list_padding(&mut self) {
+        let mut stack = std::mem::take(&mut self.padded);
         for &i in &stack {
-            let (unlisted, offset, size) = {
+            let (offset, pad, prev) = {
                 let n = self.node(i);
-                (n.is_unlisted(), n.offset, n.size)
+                (n.offset, n.padding(), n.prev_phys)
             };
-            if unlisted {
-                self.link(i, list_index(size), offset, size);
+            self.noted[i as usize / 64] &= !(1 << (i % 64));
+            if pad == 0 {
+                continue;
+            }
+            // [p = padding][i = allocation]
+            let p = self.new_node();
+            *self.node_mut(p) = Node {
+                offset,
+                size: pad,
+                prev_phys: prev,
+                next_phys: i,
+                prev_free: NIL,
+                next_free: NIL,
+            };
+            self.link(p, list_index(pad), offset, pad);
+            {
+                let n = self.node_mut(i);
+                n.offset += pad;
+                n.size -= pad;
+                n.prev_phys = p;
+            }
+            if prev != NIL {
+                self.node_mut(prev).next_phys = p;
+            } else {
+                self.first = p;
             }
         }
         stack.clear();
-        self.unlisted = stack;
-        self.unlisted_count = 0;
+        self.padded = stack;
+        self.padded_count = 0;
     }
 
-    /// Lists the unlisted padding if there is any; before a search that must see every free
+    /// Lists all padding, if any node holds some; before a search that must see every free
     /// range.
     #[inline(always)]
     pub(crate) fn list_all(&mut self) {
-        if self.unlisted_count != 0 {
-            self.list_unlisted();
-        }
-    }
-
-    /// Takes free node `i` (listed or not) out of the free structures.
-    #[inline(always)]
-    fn remove_free(&mut self, i: u32) {
-        let (unlisted, size) = {
-            let n = self.node(i);
-            (n.is_unlisted(), n.size)
-        };
-        if unlisted {
-            self.unlisted_count -= 1;
-        } else {
-            self.unlink(i, list_index(size));
+        if self.padded_count != 0 {
+            self.list_padding();
         }
     }
 
@@ -693,29 +736,19 @@ impl Tlsf {
         pack(best)
     }
 
-    /// Gives free node `i` (listed or not) the range `[offset, offset + size)`, which contains
-    /// its old one (a merge). A listed node changes lists only when its size class does,
-    /// which spares two list updates when a small range merges into a big one; staying, it is
-    /// noted in its list's summary (the range may hold more than before). An unlisted one is
-    /// listed now: merged, it is no longer padding.
+    /// Gives free node `i` the range `[offset, offset + size)`, which contains its old one (a
+    /// merge). It changes lists only when its size class does, which spares two list updates
+    /// when a small range merges into a big one; staying, it is noted in its list's summary
+    /// (the range may hold more than before).
     #[inline(always)]
     fn grow_free(&mut self, i: u32, offset: u64, size: u64) {
-        let (unlisted, old) = {
-            let n = self.node(i);
-            (n.is_unlisted(), n.size)
-        };
+        let from = list_index(self.node(i).size);
         let to = list_index(size);
-        if unlisted {
-            self.unlisted_count -= 1;
+        if from != to {
+            self.unlink(i, from);
             self.link(i, to, offset, size);
         } else {
-            let from = list_index(old);
-            if from != to {
-                self.unlink(i, from);
-                self.link(i, to, offset, size);
-            } else {
-                self.summaries.note(to, offset, size);
-            }
+            self.summaries.note(to, offset, size);
         }
         let n = self.node_mut(i);
         n.offset = offset;
@@ -727,8 +760,9 @@ impl Tlsf {
     ///
     /// Node `i` stays free and keeps what is left after the range (or, if nothing is, the
     /// padding before it), so it usually keeps its list too; the taken range gets a node of its
-    /// own. Padding and rest never touch another free node, since free nodes never sit side by
-    /// side.
+    /// own, which also holds the padding before it (a used node; a reserved one has no
+    /// alignment to find its start by, so its padding gets a free node). Padding and rest
+    /// never touch another free node, since free nodes never sit side by side.
     #[inline(always)]
     pub(crate) fn take(&mut self, i: u32, li: usize, at: u64, size: u64, kind: NodeKind) -> u32 {
         let (offset, total, prev) = {
@@ -741,9 +775,12 @@ impl Tlsf {
             // Rare: the range ends where the free node does.
             return self.take_tail(i, li, at, size, kind);
         }
-        // Layout: [padding p?][taken u][i = rest]. What is left after the range stays in node
-        // i, which changes lists only when its size class does: a shrinking range cannot
-        // break its list's summary, and a new list notes it in `link`.
+        if pad > 0 && !matches!(kind, NodeKind::Used { .. }) {
+            return self.take_with_free_padding(i, li, at, size, kind);
+        }
+        // Layout: [taken u, with the padding][i = rest]. What is left after the range stays
+        // in node i, which changes lists only when its size class does: a shrinking range
+        // cannot break its list's summary, and a new list notes it in `link`.
         let u = self.new_node();
         let to = list_index(rest);
         if to != li {
@@ -756,30 +793,81 @@ impl Tlsf {
             n.size = rest;
             n.prev_phys = u;
         }
-        let before = if pad > 0 {
-            let p = self.new_node();
-            self.add_unlisted(p, offset, pad, prev, u);
-            p
-        } else {
-            prev
-        };
         let mut taken = Node {
-            offset: at,
-            size,
-            prev_phys: before,
+            offset,
+            size: pad + size,
+            prev_phys: prev,
             next_phys: i,
             prev_free: NIL,
             next_free: NIL,
         };
         taken.set_taken(kind);
+        debug_assert_eq!(
+            taken.start(),
+            at,
+            "an allocation starts at its first aligned offset"
+        );
+        if pad > 0 {
+            self.reserve_padded();
+        }
         *self.node_mut(u) = taken;
-        let first_of_range = if pad > 0 { before } else { u };
+        if pad > 0 {
+            self.add_padded(u);
+        }
         if prev != NIL {
-            self.node_mut(prev).next_phys = first_of_range;
+            self.node_mut(prev).next_phys = u;
         } else {
-            self.first = first_of_range;
+            self.first = u;
         }
         u
+    }
+
+    /// [`Tlsf::take`] of a reserved range after padding: the padding gets a free node.
+    #[cold]
+    #[inline(never)]
+    fn take_with_free_padding(
+        &mut self,
+        i: u32,
+        li: usize,
+        at: u64,
+        size: u64,
+        kind: NodeKind,
+    ) -> u32 {
+        let (offset, prev) = {
+            let n = self.node(i);
+            (n.offset, n.prev_phys)
+        };
+        // Give node i's first `at - offset` units to a free node p, then take from the rest.
+        let pad = at - offset;
+        let p = self.new_node();
+        *self.node_mut(p) = Node {
+            offset,
+            size: pad,
+            prev_phys: prev,
+            next_phys: i,
+            prev_free: NIL,
+            next_free: NIL,
+        };
+        self.link(p, list_index(pad), offset, pad);
+        if prev != NIL {
+            self.node_mut(prev).next_phys = p;
+        } else {
+            self.first = p;
+        }
+        let rest = self.node(i).size - pad;
+        let to = list_index(rest);
+        if to != li {
+            self.unlink(i, li);
+            self.link(i, to, at, rest);
+        }
+        {
+            let n = self.node_mut(i);
+            n.offset = at;
+            n.size = rest;
+            n.prev_phys = p;
+        }
+        // No padding left: an ordinary take. (Two free nodes side by side for a moment.)
+        self.take(i, to, at, size, kind)
     }
 
     /// [`Tlsf::take`] when nothing of free node `i` is left after the range: node `i` becomes
@@ -828,22 +916,44 @@ impl Tlsf {
         u
     }
 
-    /// Returns taken node `i` to the free space, merged with free neighbours (O(1)). A free
-    /// neighbour absorbs it, so its list changes only if its size class does.
+    /// Returns taken node `i` to the free space, merged with free neighbours (O(1)), padding
+    /// included: its own, and the padding the next node holds, which this free range takes
+    /// over. A free neighbour absorbs it, so its list changes only if its size class does.
     #[inline(always)]
     pub(crate) fn release(&mut self, i: u32) {
         debug_assert!(matches!(
             self.node(i).kind(),
             NodeKind::Used { .. } | NodeKind::Reserved(_)
         ));
-        let (offset, size, prev, next) = {
+        let (offset, mut size, prev, next, own_pad) = {
             let n = self.node(i);
-            (n.offset, n.size, n.prev_phys, n.next_phys)
+            (n.offset, n.size, n.prev_phys, n.next_phys, n.padding())
         };
+        if own_pad > 0 {
+            self.padded_count -= 1;
+        }
         let prev_free = prev != NIL && self.node(prev).is_free();
-        let next_free = next != NIL && self.node(next).is_free();
+        let mut next_free = false;
+        if next != NIL {
+            let n = self.node_mut(next);
+            if n.is_free() {
+                next_free = true;
+            } else {
+                let pad = n.padding();
+                if pad > 0 {
+                    // Take over the next allocation's padding.
+                    n.offset += pad;
+                    n.size -= pad;
+                    size += pad;
+                    self.padded_count -= 1;
+                }
+            }
+        }
         match (prev_free, next_free) {
-            (false, false) => self.link(i, list_index(size), offset, size),
+            (false, false) => {
+                self.link(i, list_index(size), offset, size);
+                self.node_mut(i).size = size;
+            }
             (false, true) => {
                 let n_size = self.node(next).size;
                 self.grow_free(next, offset, n_size + size);
@@ -874,7 +984,7 @@ impl Tlsf {
                     let n = self.node(next);
                     (n.size, n.next_phys)
                 };
-                self.remove_free(next);
+                self.unlink_free(next);
                 let (p_off, p_size) = {
                     let p = self.node(prev);
                     (p.offset, p.size)
@@ -908,8 +1018,9 @@ impl Tlsf {
         // `Node` has no drop glue and the stacks hold plain indices: all O(1).
         self.nodes.clear();
         self.vacant.clear();
-        self.unlisted.clear();
-        self.unlisted_count = 0;
+        self.padded.clear();
+        self.noted.clear();
+        self.padded_count = 0;
         self.first = NIL;
         self.last = NIL;
         let capacity = std::mem::take(&mut self.capacity);
@@ -929,9 +1040,13 @@ impl Tlsf {
     #[inline(always)]
     pub(crate) fn record(&self, i: u32) -> Option<Record> {
         let n = self.nodes.get(i as usize)?;
-        (n.prev_free & KIND_MASK == USED).then_some(Record {
-            offset: n.offset,
-            size: n.size,
+        if n.prev_free & KIND_MASK != USED {
+            return None;
+        }
+        let start = n.start();
+        Some(Record {
+            offset: start,
+            size: n.offset + n.size - start,
             meta: n.prev_free & META_MASK,
             generation: n.next_free,
         })
@@ -963,9 +1078,11 @@ impl Tlsf {
         list_index(self.nodes[i as usize].size)
     }
 
+    /// The range of taken node `i`'s allocation (its padding left out).
     pub(crate) fn node_range(&self, i: u32) -> (u64, u64) {
         let n = &self.nodes[i as usize];
-        (n.offset, n.size)
+        let pad = n.padding();
+        (n.offset + pad, n.size - pad)
     }
 
     /// Extends the block to `capacity` (not smaller than now): the tail becomes free space,
@@ -979,9 +1096,8 @@ impl Tlsf {
         let old = self.capacity;
         self.capacity = capacity;
         if self.last != NIL && self.nodes[self.last as usize].is_free() {
-            // Padding is always followed by its allocation, so the last node is listed.
             let l = self.last;
-            self.remove_free(l);
+            self.unlink_free(l);
             self.nodes[l as usize].size += extra;
             self.link_free(l);
             return;
@@ -1010,8 +1126,9 @@ impl Tlsf {
         let capacity = self.capacity;
         self.nodes.clear();
         self.vacant.clear();
-        self.unlisted.clear();
-        self.unlisted_count = 0;
+        self.padded.clear();
+        self.noted.clear();
+        self.padded_count = 0;
         self.first = NIL;
         self.last = NIL;
         self.capacity = 0;
@@ -1042,8 +1159,8 @@ impl Tlsf {
 
     /// The size of the largest free range, exactly: the top non-empty list is found from the
     /// bitmaps, then that one list is scanned (its blocks differ by at most 1/32), and the
-    /// unlisted padding is looked at; the cost is the length of that list and of the
-    /// unlisted stack.
+    /// padding nodes hold is looked at; the cost is the length of that list and of the
+    /// padded stack.
     pub(crate) fn largest_free(&self) -> u64 {
         let mut best = 0;
         if self.fl_bitmap != 0 {
@@ -1056,11 +1173,8 @@ impl Tlsf {
                 i = n.next_free;
             }
         }
-        for &i in &self.unlisted {
-            let n = &self.nodes[i as usize];
-            if n.is_unlisted() {
-                best = best.max(n.size);
-            }
+        for &i in &self.padded {
+            best = best.max(self.nodes[i as usize].padding());
         }
         best
     }
@@ -1077,7 +1191,7 @@ impl Tlsf {
         totals
     }
 
-    /// The taken regions in offset order: `(node, offset, size, kind)`.
+    /// The taken regions in offset order: `(node, offset, size, kind)`, padding left out.
     pub(crate) fn taken(&self) -> TakenIter<'_> {
         TakenIter {
             tlsf: self,
@@ -1085,16 +1199,26 @@ impl Tlsf {
         }
     }
 
-    /// Every region in offset order, including free ones.
+    /// Every region in offset order, free ones included: the padding a node holds comes first
+    /// as a free region of node `NIL`, then the node's allocation.
     pub(crate) fn regions(&self) -> impl Iterator<Item = (u32, u64, u64, NodeKind)> + '_ {
         let mut cur = self.first;
+        let mut held = None;
         std::iter::from_fn(move || {
+            if let Some(r) = held.take() {
+                return Some(r);
+            }
             if cur == NIL {
                 return None;
             }
             let i = cur;
             let n = &self.nodes[i as usize];
             cur = n.next_phys;
+            let pad = n.padding();
+            if pad > 0 {
+                held = Some((i, n.offset + pad, n.size - pad, n.kind()));
+                return Some((NIL, n.offset, pad, NodeKind::Free));
+            }
             Some((i, n.offset, n.size, n.kind()))
         })
     }
@@ -1106,12 +1230,12 @@ impl Tlsf {
         let mut prev_free = false;
         let mut seen = 0usize;
         let mut totals = FreeTotals::default();
-        let mut unlisted = 0u32;
+        let mut padded = 0u32;
         let mut on_stack = vec![false; self.nodes.len()];
-        for &i in &self.unlisted {
+        for &i in &self.padded {
             *on_stack
                 .get_mut(i as usize)
-                .ok_or_else(|| format!("unlisted entry {i} out of the arena"))? = true;
+                .ok_or_else(|| format!("padded entry {i} out of the arena"))? = true;
         }
         let mut cur = self.first;
         while cur != NIL {
@@ -1143,13 +1267,24 @@ impl Tlsf {
             if free && prev_free {
                 return Err(format!("node {cur}: two free neighbours not merged"));
             }
-            if free && n.is_unlisted() {
-                totals.add(n.size);
-                unlisted += 1;
-                if !on_stack[cur as usize] {
-                    return Err(format!("unlisted node {cur} is not on the unlisted stack"));
+            if !free {
+                // Padding: less than the alignment, noted, and not next to a free range
+                // (which would have taken it over).
+                let pad = n.padding();
+                if pad >= 1 << (n.prev_free & ALIGN_BITS) || pad >= n.size {
+                    return Err(format!("node {cur}: padding {pad} too large"));
                 }
-            } else if free {
+                if pad > 0 {
+                    totals.add(pad);
+                    padded += 1;
+                    if !on_stack[cur as usize] {
+                        return Err(format!("node {cur} holds padding but is not noted"));
+                    }
+                    if prev_free {
+                        return Err(format!("node {cur}: padding after a free range"));
+                    }
+                }
+            } else {
                 totals.add(n.size);
                 let li = list_index(n.size);
                 let (fl, sl) = (li / SL_COUNT, li % SL_COUNT);
@@ -1226,16 +1361,16 @@ impl Tlsf {
                 }
             }
         }
-        if listed + unlisted != totals.count {
+        if listed + padded != totals.count {
             return Err(format!(
-                "{listed} listed and {unlisted} unlisted nodes, {} free regions",
+                "{listed} listed nodes and {padded} paddings, {} free regions",
                 totals.count
             ));
         }
-        if unlisted != self.unlisted_count {
+        if padded != self.padded_count {
             return Err(format!(
-                "{unlisted} unlisted nodes, counter says {}",
-                self.unlisted_count
+                "{padded} nodes hold padding, counter says {}",
+                self.padded_count
             ));
         }
         let vacant = self.vacant.len();
@@ -1272,7 +1407,8 @@ impl Iterator for TakenIter<'_> {
             let n = &self.tlsf.nodes[i as usize];
             self.next = n.next_phys;
             if !n.is_free() {
-                return Some((i, n.offset, n.size, n.kind()));
+                let pad = n.padding();
+                return Some((i, n.offset + pad, n.size - pad, n.kind()));
             }
         }
         None
@@ -1313,13 +1449,14 @@ mod tests {
     fn take_and_release_merge_back() {
         let mut t = Tlsf::new(1000);
         let (i, li, at) = t.find(10, 16, Strategy::Balanced).unwrap();
-        let used = |generation| NodeKind::Used {
-            meta: 0,
+        // The low bits of a used node's meta are log2 of its alignment.
+        let used = |align: u64, generation| NodeKind::Used {
+            meta: align.trailing_zeros(),
             generation,
         };
-        let a = t.take(i, li, at, 10, used(0));
+        let a = t.take(i, li, at, 10, used(16, 0));
         let (j, lj, at2) = t.find(100, 64, Strategy::Balanced).unwrap();
-        let b = t.take(j, lj, at2, 100, used(1));
+        let b = t.take(j, lj, at2, 100, used(64, 1));
         assert_eq!(at % 16, 0);
         assert_eq!(at2 % 64, 0);
         t.validate().unwrap();
