@@ -1115,10 +1115,48 @@ fn svg_has_bars_legend_and_escaped_text() {
             .iter()
             .any(|e| s.starts_with(e))
     }));
-    // Tiny neighbours are merged: far fewer rectangles than allocations.
+    // Alike neighbouring columns are merged: far fewer rectangles than allocations.
     if !cfg!(miri) {
         assert!(svg.matches("<rect").count() < 600);
     }
+}
+
+#[test]
+fn svg_colours_stay_with_the_tag_and_wide_allocations_show_names() {
+    // "textures" keeps its colour whatever other tags share the picture.
+    let legend_colour = |svg: &str, name: &str| {
+        let at = svg.find(&format!(">{name}: ")).expect("legend entry");
+        let fill = svg[..at].rfind("fill=\"").expect("legend swatch") + 6;
+        svg[fill..fill + 7].to_string()
+    };
+    let mut a = VirtualBlock::<()>::new(1 << 20);
+    a.allocate(&req(1000).tag(Tag::new("textures")), ())
+        .unwrap();
+    let mut b = VirtualBlock::<()>::new(1 << 20);
+    b.allocate(&req(1000).tag(Tag::new("a first tag")), ())
+        .unwrap();
+    b.allocate(&req(1000).tag(Tag::intern("textures")), ())
+        .unwrap();
+    let (sa, sb) = (a.to_svg(), b.to_svg());
+    assert_eq!(
+        legend_colour(&sa, "textures"),
+        legend_colour(&sb, "textures")
+    );
+    assert_ne!(
+        legend_colour(&sb, "textures"),
+        legend_colour(&sb, "a first tag")
+    );
+    // A name shows where it fits, and only there; tooltips name every allocation wide enough.
+    let mut c = VirtualBlock::<()>::new(1000);
+    c.allocate(&req(500).name("wide enough"), ()).unwrap();
+    c.allocate(&req(5).name("too narrow for this name"), ())
+        .unwrap();
+    let svg = c.to_svg();
+    assert!(svg.contains(">wide enough</text>"));
+    assert!(!svg.contains(">too narrow for this name</text>"));
+    assert!(svg.contains("<title>too narrow for this name @500 +5</title>"));
+    // No outlines that could read as gaps.
+    assert!(!svg.contains("stroke=\"white\""));
 }
 
 // ---- The O3DE facade.
