@@ -22,8 +22,10 @@
 //!   [`largest_free`](VirtualBlock::largest_free) range, a
 //!   [`fragmentation`](VirtualBlock::fragmentation) metric,
 //!   [`detailed statistics`](VirtualBlock::detailed_statistics) with VMA's fields, JSON in
-//!   VMA's shape ([`to_json`](VirtualBlock::to_json)) and an SVG memory map
-//!   ([`to_svg`](VirtualBlock::to_svg), [`memory_map_svg`]).
+//!   VMA's virtual-block shape ([`to_json`](VirtualBlock::to_json)), VMA's full dump shape
+//!   for a set of blocks, which VMA's `GpuMemDumpVis.py` draws ([`gpu_mem_dump`]), and an
+//!   SVG memory map that shows free space at every scale ([`to_svg`](VirtualBlock::to_svg),
+//!   [`memory_map_svg`]).
 //! - [`grow`](VirtualBlock::grow) in place, [`clear`](VirtualBlock::clear) at once, and
 //!   defragmentation in passes ([`defrag_pass`](VirtualBlock::defrag_pass)).
 //!
@@ -49,6 +51,7 @@
 mod defrag;
 mod facade;
 mod fit_summary;
+mod gpu_dump;
 pub(crate) mod json;
 mod linear;
 mod stats;
@@ -65,6 +68,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use defrag::{DefragLimits, Move};
 pub use facade::{ExternalMapAllocator, FacadeStatistics};
+pub use gpu_dump::{DumpBlock, DumpedAllocation, ResourceKind, gpu_mem_dump};
 pub use stats::{DetailedStatistics, Statistics, TagStatistics};
 pub use svg::{MapRow, memory_map_svg};
 

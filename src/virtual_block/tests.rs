@@ -1519,3 +1519,45 @@ fn churn_never_reports_a_false_oom() {
         }
     }
 }
+
+#[test]
+fn gpu_mem_dump_parses_and_tiles_each_block() {
+    let mut a = VirtualBlock::<u32>::new(10_000);
+    let x = a.allocate(&req(100).align(64).name("x"), 5).unwrap();
+    a.allocate(&req(300), 6).unwrap();
+    a.free(x).unwrap();
+    let b = VirtualBlock::<()>::new_linear(500);
+    let dump = gpu_mem_dump(
+        "gpu",
+        &[
+            DumpBlock::with("pool", &a, |i| DumpedAllocation {
+                custom_data: u64::from(*i.user),
+                ..DumpedAllocation::default()
+            }),
+            DumpBlock::new("ring", &b),
+        ],
+    );
+    let json: serde_json::Value = serde_json::from_str(&dump).unwrap();
+    let pools = json["CustomPools"]["Type 0"].as_array().unwrap();
+    assert_eq!(pools.len(), 2);
+    let subs = pools[0]["Blocks"]["0"]["Suballocations"]
+        .as_array()
+        .unwrap();
+    let tiles: Vec<(u64, &str, u64)> = subs
+        .iter()
+        .map(|s| {
+            (
+                s["Offset"].as_u64().unwrap(),
+                s["Type"].as_str().unwrap(),
+                s["Size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tiles,
+        [(0, "FREE", 100), (100, "UNKNOWN", 300), (400, "FREE", 9600)]
+    );
+    assert_eq!(subs[1]["CustomData"], "0x6");
+    assert_eq!(json["Total"]["AllocationBytes"], 300);
+    assert_eq!(pools[1]["Blocks"]["0"]["UnusedBytes"], 500);
+}
