@@ -48,10 +48,17 @@ enum Paint {
 /// The colour of a tag: a hue from the hash of its name, saturated and mid-dark enough that
 /// no tag looks like free space or white text fails on it.
 fn tag_colour(tag: Tag) -> String {
-    let h = fnv1a(tag.name().as_bytes());
+    // FNV-1a, then a finaliser (MurmurHash3's) so that names differing in one letter land
+    // far apart; hue, saturation and lightness from separate bits.
+    let mut h = fnv1a(tag.name().as_bytes());
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
     let hue = (h % 360) as f64;
-    let saturation = 0.55 + 0.2 * ((h >> 16) % 5) as f64 / 4.0;
-    let lightness = 0.38 + 0.12 * ((h >> 24) % 4) as f64 / 3.0;
+    let saturation = 0.6 + 0.25 * ((h >> 16) % 5) as f64 / 4.0;
+    let lightness = 0.33 + 0.27 * ((h >> 24) % 4) as f64 / 3.0;
     let (r, g, b) = hsl_to_rgb(hue, saturation, lightness);
     format!("#{r:02x}{g:02x}{b:02x}")
 }
