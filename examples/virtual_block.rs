@@ -1,12 +1,16 @@
 //! A pretend GPU heap managed by a virtual block: allocate textures and buffers, free some,
-//! defragment, print statistics, and write the JSON dump and the SVG memory map.
+//! defragment, print statistics, and write the JSON dumps and the SVG memory map.
 //!
 //! Run: `cargo run --example virtual_block [output-directory]` (default: the temp directory).
+//! It writes `virtual_block.json` (VMA's virtual-block JSON), `virtual_block_gpu_dump.json`
+//! (VMA's full dump shape: `python GpuMemDumpVis.py -o map.png virtual_block_gpu_dump.json`
+//! with VMA's viewer draws it) and `virtual_block.svg` / `virtual_block_before_defrag.svg`.
 
 use std::path::PathBuf;
 
 use tagalloc::virtual_block::{
-    DefragLimits, MapRow, Request, Strategy, Tag, VirtualBlock, memory_map_svg,
+    DefragLimits, DumpBlock, DumpedAllocation, MapRow, Request, ResourceKind, Strategy, Tag,
+    VirtualBlock, gpu_mem_dump, memory_map_svg,
 };
 
 const KI: u64 = 1 << 10;
@@ -104,14 +108,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("\ndefragmented in {passes} passes");
     report("after defragmentation", &heap);
 
-    // A small per-frame upload ring next to it: a linear block used as a ring buffer.
+    // A small per-frame upload ring next to it: a linear block used as a ring buffer. Its
+    // tags are made at run time, one per frame parity.
     let mut ring: VirtualBlock<()> = VirtualBlock::new_linear(4 * MI);
     ring.set_name("upload ring");
     let mut in_flight = std::collections::VecDeque::new();
-    for _frame in 0..40 {
+    let upload_tags = [
+        Tag::intern("uploads, even frames"),
+        Tag::intern("uploads, odd frames"),
+    ];
+    for frame in 0..40 {
         let req = Request::new(128 * KI + rng.below(256) * KI)
             .align(256)
-            .tag(Tag::new("uploads"));
+            .tag(upload_tags[frame % 2]);
         let a = loop {
             match ring.allocate(&req, ()) {
                 Ok(a) => break a,
@@ -125,16 +134,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let json_path = out_dir.join("virtual_block.json");
     std::fs::write(&json_path, heap.to_json_with(true, |&id| u64::from(id)))?;
+    // VMA's full dump for its own viewer: resource kinds and Vulkan usage flags by tag, the
+    // resource id as custom data.
+    let dump_path = out_dir.join("virtual_block_gpu_dump.json");
+    let describe = |a: &tagalloc::virtual_block::AllocInfo<'_, u32>| {
+        let (kind, usage) = match a.tag.map(Tag::name) {
+            Some("textures") => (ResourceKind::ImageOptimal, 0x4), // SAMPLED
+            Some("vertex buffers") => (ResourceKind::Buffer, 0x80), // VERTEX_BUFFER
+            Some("uniforms") => (ResourceKind::Buffer, 0x10),      // UNIFORM_BUFFER
+            _ => (ResourceKind::Unknown, 0),
+        };
+        DumpedAllocation {
+            kind,
+            usage,
+            custom_data: u64::from(*a.user),
+        }
+    };
+    std::fs::write(
+        &dump_path,
+        gpu_mem_dump(
+            "pretend GPU",
+            &[
+                DumpBlock::with("device-local heap", &heap, describe),
+                DumpBlock::new("upload ring", &ring),
+            ],
+        ),
+    )?;
+    // The map, with the first 8 MiB of the heap magnified.
     let svg_path = out_dir.join("virtual_block.svg");
     std::fs::write(
         &svg_path,
-        memory_map_svg(&[MapRow::new("", &heap), MapRow::new("", &ring)]),
+        memory_map_svg(&[
+            MapRow::new("", &heap).zoom(0, 8 * MI),
+            MapRow::new("", &ring),
+        ]),
     )?;
     let before_path = out_dir.join("virtual_block_before_defrag.svg");
     std::fs::write(&before_path, before)?;
     println!(
-        "\nwrote {}\n      {}\n      {}",
+        "\nwrote {}\n      {}\n      {}\n      {}",
         json_path.display(),
+        dump_path.display(),
         svg_path.display(),
         before_path.display()
     );

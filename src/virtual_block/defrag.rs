@@ -163,6 +163,8 @@ impl<U> VirtualBlock<U> {
             return Err(Error::DefragPending);
         }
         self.defrag.forget();
+        // Moves may land in alignment padding too, which must be in its list to be taken.
+        t.list_all();
         // Free ranges by offset, and allocations from the top down.
         let mut free: Vec<(u64, u64, u32)> = Vec::new();
         let mut used: Vec<(u32, u64, u64, u32, u32)> = Vec::new();
@@ -195,13 +197,17 @@ impl<U> VirtualBlock<U> {
                 });
             let Some((k, at, node)) = found else { continue };
             let index = self.defrag.pending.len() as u32;
+            let Some(stamp) = NonZeroU32::new(generation) else {
+                continue;
+            };
             let handle = Alloc {
                 offset: src,
                 id,
-                generation,
-                block: self.id,
+                stamp,
             };
-            let reserved = t.take(node, at, size, NodeKind::Reserved(index));
+            // An earlier move of this pass may have left padding, unlisted.
+            t.list_all();
+            let reserved = t.take(node, t.list_of(node), at, size, NodeKind::Reserved(index));
             // Replace the consumed free range by what is left of it, keeping offset order.
             let (offset, fsize, _) = free.remove(k);
             let mut rest = Vec::with_capacity(2);
@@ -240,7 +246,7 @@ impl<U> VirtualBlock<U> {
     /// [`Error::StaleHandle`] returned.
     pub fn commit_move(&mut self, m: &Move) -> Result<Alloc, Error> {
         let p = self.defrag.take(m, self.id)?;
-        let checked = super::check_handle(&self.engine, self.id, p.src);
+        let checked = super::check_handle(&self.engine, &self.stamps, p.src);
         let Engine::Tlsf(t) = &mut self.engine else {
             return Err(Error::DefragUnsupported);
         };
@@ -255,13 +261,12 @@ impl<U> VirtualBlock<U> {
         };
         // The destination node becomes the allocation (a new id, so a new generation); the
         // source node is released.
-        let generation = self.generation;
-        self.generation = generation.wrapping_add(1);
+        let stamp = self.stamps.take();
         t.set_kind(
             p.node,
             NodeKind::Used {
                 meta: r.meta,
-                generation,
+                generation: stamp.get(),
             },
         );
         let offset = t.node_range(p.node).0;
@@ -275,8 +280,7 @@ impl<U> VirtualBlock<U> {
         Ok(Alloc {
             offset,
             id: p.node,
-            generation,
-            block: self.id,
+            stamp,
         })
     }
 

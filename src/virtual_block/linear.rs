@@ -190,6 +190,26 @@ impl Linear {
         }
     }
 
+    /// The largest free space at the ends, where the next allocation can go (O(1)): between
+    /// the lower part and the upper stack (or the block's end), and, unless an upper stack
+    /// is in use, below the oldest entry where a ring wraps to; in ring mode, between the
+    /// wrapped part and the oldest entry.
+    pub(crate) fn largest_usable(&self) -> u64 {
+        let lower_start = self.lower.front().map_or(self.capacity, |e| e.offset);
+        match self.mode {
+            Second::Ring => lower_start - self.second.last().map_or(0, Entry::end),
+            Second::Upper => self.upper_limit() - self.lower.back().map_or(0, Entry::end),
+            Second::Empty => {
+                let top = self.capacity - self.lower.back().map_or(0, Entry::end);
+                top.max(if self.lower.is_empty() {
+                    0
+                } else {
+                    lower_start
+                })
+            }
+        }
+    }
+
     /// Places `size` aligned to `align` for `owner`; returns the offset.
     fn place(&mut self, size: u64, align: u64, upper: bool, owner: u32) -> Result<u64, LinearFail> {
         let mask = align - 1;

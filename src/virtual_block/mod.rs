@@ -13,15 +13,19 @@
 //!   and ring-buffer use.
 //! - **No false out-of-memory** with TLSF: when any free range can hold the request after
 //!   alignment, the allocation succeeds. (OffsetAllocator and O3DE's original can fail here.)
-//! - Handles ([`Alloc`]) carry the block's identity and a generation, so freeing a stale or
-//!   foreign handle is a typed [`Error`], never corruption.
-//! - Per-allocation user data (the type parameter `U`), an optional name and a [`Tag`].
+//! - Handles ([`Alloc`]) are 16 bytes: the offset, a record number and a stamp unique to
+//!   the block, so freeing a stale or foreign handle is a typed [`Error`], not corruption.
+//! - Alignment 0 means 1, as in VMA.
+//! - Per-allocation user data (the type parameter `U`), an optional name and a [`Tag`]
+//!   (a literal, or a name made at run time with [`Tag::intern`]).
 //! - O(1) [`statistics`](VirtualBlock::statistics), the exact
 //!   [`largest_free`](VirtualBlock::largest_free) range, a
 //!   [`fragmentation`](VirtualBlock::fragmentation) metric,
 //!   [`detailed statistics`](VirtualBlock::detailed_statistics) with VMA's fields, JSON in
-//!   VMA's shape ([`to_json`](VirtualBlock::to_json)) and an SVG memory map
-//!   ([`to_svg`](VirtualBlock::to_svg), [`memory_map_svg`]).
+//!   VMA's virtual-block shape ([`to_json`](VirtualBlock::to_json)), VMA's full dump shape
+//!   for a set of blocks, which VMA's `GpuMemDumpVis.py` draws ([`gpu_mem_dump`]), and an
+//!   SVG memory map that shows free space at every scale ([`to_svg`](VirtualBlock::to_svg),
+//!   [`memory_map_svg`]).
 //! - [`grow`](VirtualBlock::grow) in place, [`clear`](VirtualBlock::clear) at once, and
 //!   defragmentation in passes ([`defrag_pass`](VirtualBlock::defrag_pass)).
 //!
@@ -46,10 +50,13 @@
 
 mod defrag;
 mod facade;
+mod fit_summary;
+mod gpu_dump;
 pub(crate) mod json;
 mod linear;
 mod stats;
 mod svg;
+mod tag_names;
 #[cfg(test)]
 mod tests;
 mod tlsf;
@@ -61,6 +68,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use defrag::{DefragLimits, Move};
 pub use facade::{ExternalMapAllocator, FacadeStatistics};
+pub use gpu_dump::{DumpBlock, DumpedAllocation, ResourceKind, gpu_mem_dump};
 pub use stats::{DetailedStatistics, Statistics, TagStatistics};
 pub use svg::{MapRow, memory_map_svg};
 
@@ -105,7 +113,18 @@ pub enum Strategy {
 /// A category an allocation belongs to, such as "textures" or "vertex buffers".
 ///
 /// Tags colour the [SVG memory map](VirtualBlock::to_svg), appear in the JSON and are summed by
-/// [`VirtualBlock::tag_statistics`]. A tag is a `'static` name, so it costs a pointer to carry.
+/// [`VirtualBlock::tag_statistics`]. A tag is a `'static` name, so it is `Copy` and costs a
+/// pointer to carry; two tags are equal when their names are.
+///
+/// ```
+/// use tagalloc::virtual_block::Tag;
+/// const TEXTURES: Tag = Tag::new("textures"); // a literal: no copy at all
+/// let pool = 3;
+/// let streaming = Tag::intern(&format!("streaming pool {pool}")); // made at run time
+/// assert_eq!(streaming.name(), "streaming pool 3");
+/// assert_eq!(streaming, Tag::intern("streaming pool 3"));
+/// assert_ne!(streaming, TEXTURES);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tag(&'static str);
 
@@ -115,9 +134,26 @@ impl Tag {
         Tag(name)
     }
 
+    /// A tag whose name is made at run time. The name is copied once into a process-wide
+    /// table and kept for the life of the process: the same name always gives back the same
+    /// copy, so the table grows with the number of distinct names, not of calls. The table
+    /// lives in pages from tagalloc's OS layer, never the global allocator, so this may be
+    /// called from allocator code. Takes a lock; make the tag once and keep it rather than
+    /// calling this for every allocation. (Aborts, as the standard library does, if the OS
+    /// refuses the few pages it needs.)
+    pub fn intern(name: &str) -> Self {
+        Tag(tag_names::intern(name))
+    }
+
     /// The tag's name.
     pub const fn name(self) -> &'static str {
         self.0
+    }
+
+    /// Same name: the same pointer (the same literal or interned copy) first, then the text.
+    #[inline(always)]
+    fn same(self, other: Tag) -> bool {
+        (self.0.as_ptr() == other.0.as_ptr() && self.0.len() == other.0.len()) || self.0 == other.0
     }
 }
 
@@ -151,7 +187,7 @@ impl<'a> Request<'a> {
         }
     }
 
-    /// Sets the alignment of the offset; it must be a power of two.
+    /// Sets the alignment of the offset: a power of two, or 0, which means 1 (as in VMA).
     pub const fn align(mut self, align: u64) -> Self {
         self.align = align;
         self
@@ -188,20 +224,28 @@ impl<'a> Request<'a> {
     }
 }
 
-/// A handle to one allocation of one block: small, `Copy`, and checked on every use.
+/// A handle to one allocation of one block: 16 bytes (`Option<Alloc>` too), `Copy`, and
+/// checked on every use.
 ///
-/// It records which block made it and a generation, so a handle that was freed (stale) or that
-/// comes from another block (foreign) is reported as an [`Error`] instead of freeing someone
-/// else's range. A committed defragmentation move retires the old handle and returns a new one.
+/// Besides the offset it holds the allocation's record number and a 32-bit stamp. Each block
+/// hands out odd stamps from its own counter, which starts at a point of the 32-bit circle
+/// unique to the block (block numbers times the golden ratio: the starts of `n` blocks are at
+/// least about 2³²/(3n) apart). So a handle that was freed (stale) is an [`Error::StaleHandle`], and one from
+/// another block an [`Error::ForeignHandle`] while its stamp is outside the range this block
+/// has issued; a foreign stamp inside it reads as stale, still an error. Using a handle can
+/// only reach someone else's range if record number, offset and stamp all match a live
+/// allocation of this block, which needs a foreign stamp inside this block's issued range
+/// (blocks that between them made billions of allocations) *and* the same record at the
+/// same offset. A committed defragmentation move retires the old handle and returns a new
+/// one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Alloc {
     offset: u64,
-    /// The allocation's record: its TLSF node (which holds the generation too, so `free`
-    /// checks the handle on the cache line it must touch anyway) or its linear slot.
+    /// The allocation's record: its TLSF node (which holds the stamp too, so `free` checks
+    /// the handle on the cache line it must touch anyway) or its linear slot.
     id: u32,
-    /// Drawn from the block's counter when the allocation was made.
-    generation: u32,
-    block: NonZeroU32,
+    /// Drawn from the block's [`Stamps`] when the allocation was made.
+    stamp: NonZeroU32,
 }
 
 impl Alloc {
@@ -275,10 +319,11 @@ impl<U> Range<'_, U> {
 pub enum Error {
     /// A request for zero units.
     ZeroSize,
-    /// An alignment that is not a power of two (0 included).
+    /// An alignment that is neither a power of two nor 0 (which means 1).
     BadAlignment(u64),
     /// No free range can hold the request after alignment (for TLSF this is never a false
-    /// alarm). The fields tell how far off it was.
+    /// alarm). The fields tell how far off it was; all of them cost O(1) to fill in, so a
+    /// failure stays cheap however many allocations the block holds.
     OutOfSpace {
         /// Requested size.
         size: u64,
@@ -286,8 +331,13 @@ pub enum Error {
         align: u64,
         /// Free units in the block.
         free_bytes: u64,
-        /// The largest free range.
-        largest_free: u64,
+        /// A lower bound on the largest free range the block can allocate from. TLSF: the
+        /// largest free range itself when its size class holds no other (the usual case),
+        /// else that class's floor, at most 1/32 (about 3 %) below it
+        /// ([`VirtualBlock::largest_free`] gives the exact size by scanning that class).
+        /// Linear: the largest free space at the ends, exactly, which is all a linear block
+        /// allocates from (space freed in the middle waits until an end reaches it).
+        largest_free_at_least: u64,
     },
     /// [`Request::upper_address`] on a block that is not [`Algorithm::Linear`].
     UpperAddressNotLinear,
@@ -332,11 +382,11 @@ impl fmt::Display for Error {
                 size,
                 align,
                 free_bytes,
-                largest_free,
+                largest_free_at_least,
             } => write!(
                 f,
                 "out of space for {size} units aligned to {align} ({free_bytes} free, \
-                 largest free range {largest_free})"
+                 largest usable free range at least {largest_free_at_least})"
             ),
             Error::UpperAddressNotLinear => {
                 f.write_str("upper-address allocation needs the linear algorithm")
@@ -478,7 +528,8 @@ pub(crate) struct Record {
 }
 
 /// An allocation's alignment, tag and whether it is named, packed into 23 bits so that the
-/// TLSF node of a used range can carry them (see `tlsf::TAKEN`): bits 0..6 log2(alignment),
+/// TLSF node of a used range can carry them (see `tlsf::TAKEN`): bits 0..6 log2(alignment)
+/// (where the TLSF finds it to locate an allocation after its padding, `tlsf::ALIGN_BITS`),
 /// bit 6 named, bits 7..23 the tag code (index + 1 into `VirtualBlock::tags`, 0 untagged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Meta(u32);
@@ -509,8 +560,10 @@ impl Meta {
     }
 }
 
-// The 16-bit tag code ends at bit 23, inside what a used TLSF node can carry.
+// The 16-bit tag code ends at bit 23, inside what a used TLSF node can carry, and the
+// alignment's log2 is where the TLSF reads it.
 const _: () = assert!((1u32 << (Meta::TAG_SHIFT + 16)) - 1 <= tlsf::META_MASK);
+const _: () = assert!(Meta::NAMED == tlsf::ALIGN_BITS + 1);
 
 #[derive(Clone, Debug)]
 enum Engine {
@@ -538,17 +591,71 @@ impl Engine {
 
 /// The record of `a` if it is a live allocation of `engine`, or why it is not one.
 #[inline(always)]
-fn check_handle(engine: &Engine, id: NonZeroU32, a: Alloc) -> Result<Record, Error> {
-    if a.block != id {
-        return Err(Error::ForeignHandle);
-    }
-    // Handles carry private fields and block ids are unique, so this block issued `a`: a
-    // mismatch means the allocation is gone (the offset check guards against a wrapped
-    // generation counter landing on the same node).
+fn check_handle(engine: &Engine, stamps: &Stamps, a: Alloc) -> Result<Record, Error> {
+    // The offset check guards against a wrapped stamp counter landing on the same record.
     match engine.record(a.id) {
-        Some(r) if r.generation == a.generation && r.offset == a.offset => Ok(r),
-        _ => Err(Error::StaleHandle),
+        Some(r) if r.generation == a.stamp.get() && r.offset == a.offset => Ok(r),
+        _ => Err(stamps.why_not_live(a.stamp)),
     }
+}
+
+/// The stamps a block gives its allocations (see [`Alloc`]): odd numbers, counted in steps
+/// of 2 from a point of the 32-bit circle unique to the block, so never 0.
+#[derive(Clone, Copy, Debug)]
+struct Stamps {
+    /// The first stamp.
+    base: u32,
+    /// The next stamp (odd).
+    next: u32,
+    /// Stamps issued so far.
+    issued: u64,
+}
+
+impl Stamps {
+    fn new(block: NonZeroU32) -> Self {
+        // An odd multiplier is a bijection of u32; 2³²/φ spreads consecutive block numbers
+        // around the circle.
+        let base = block.get().wrapping_mul(0x9e37_79b9) | 1;
+        Stamps {
+            base,
+            next: base,
+            issued: 0,
+        }
+    }
+
+    /// The stamp the next allocation gets.
+    #[inline(always)]
+    fn peek(&self) -> NonZeroU32 {
+        // Odd, so `| 1` changes nothing; it only tells the compiler that it is not 0.
+        nonzero_stamp(self.next)
+    }
+
+    /// Takes the next stamp.
+    #[inline(always)]
+    fn take(&mut self) -> NonZeroU32 {
+        let stamp = self.peek();
+        self.next = self.next.wrapping_add(2);
+        self.issued += 1;
+        stamp
+    }
+
+    /// Why a handle with `stamp` is not a live allocation: stale if this block issued the
+    /// stamp, foreign if it never did.
+    #[cold]
+    fn why_not_live(&self, stamp: NonZeroU32) -> Error {
+        let steps = stamp.get().wrapping_sub(self.base);
+        if steps % 2 == 0 && u64::from(steps / 2) < self.issued {
+            Error::StaleHandle
+        } else {
+            Error::ForeignHandle
+        }
+    }
+}
+
+/// A stamp (odd) as the non-zero number it is.
+#[inline(always)]
+fn nonzero_stamp(stamp: u32) -> NonZeroU32 {
+    NonZeroU32::new(stamp | 1).unwrap_or(NonZeroU32::MIN)
 }
 
 /// Source of block identities for foreign-handle detection.
@@ -573,11 +680,11 @@ pub struct VirtualBlock<U = ()> {
     /// User data by allocation id. Everything else about an allocation lives in its TLSF
     /// node or linear slot.
     users: Users<U>,
-    /// The next allocation's generation. One counter for the block rather than one per id:
-    /// an id's generation need not survive while the id is free (a TLSF node is then part
-    /// of a free range), and a stale handle matches only if the same id gets the same 32-bit
-    /// value at the same offset.
-    generation: u32,
+    /// The next allocation's stamp. One counter for the block rather than one per id: an
+    /// id's stamp need not survive while the id is free (a TLSF node is then part of a free
+    /// range), and a stale handle matches only if the same id gets the same 32-bit stamp at
+    /// the same offset.
+    stamps: Stamps,
     /// Live user allocations and their requested bytes.
     live_count: u32,
     live_bytes: u64,
@@ -615,12 +722,13 @@ impl<U> VirtualBlock<U> {
             Algorithm::Tlsf => Engine::Tlsf(Tlsf::new(capacity)),
             Algorithm::Linear => Engine::Linear(Linear::new(capacity)),
         };
+        let id = next_block_id();
         VirtualBlock {
-            id: next_block_id(),
+            id,
             capacity,
             engine,
             users: Users::default(),
-            generation: 0,
+            stamps: Stamps::new(id),
             live_count: 0,
             live_bytes: 0,
             defrag: defrag::DefragState::default(),
@@ -673,35 +781,69 @@ impl<U> VirtualBlock<U> {
         // the handle is then built where it is used instead of being passed back through
         // memory (a 40-byte `Result` written field by field and read back with wider loads,
         // which the CPU cannot forward from its store buffer).
-        let (offset, key) = self.allocate_core(req, user);
+        // Requests without tag and name (decided at compile time for most call sites) pass
+        // their fields in registers, and the request itself need not be built in memory.
+        let (offset, key) = if req.tag.is_none() && req.name.is_none() {
+            self.allocate_plain(req.size, req.align, req.strategy, req.upper, user)
+        } else {
+            self.allocate_labelled(req, user)
+        };
         if key as u32 != NIL {
             Ok(Alloc {
                 offset,
                 id: key as u32,
-                generation: (key >> 32) as u32,
-                block: self.id,
+                stamp: nonzero_stamp((key >> 32) as u32),
             })
         } else {
             Err(self.failure(offset, req))
         }
     }
 
-    /// [`allocate`](Self::allocate) without the handle: `(offset, generation << 32 | id)` on
-    /// success, `(Fail as u64, NIL)` on failure (`NIL` is never an id).
+    /// [`allocate`](Self::allocate) of a request without tag or name.
     #[inline(never)]
+    fn allocate_plain(
+        &mut self,
+        size: u64,
+        align: u64,
+        strategy: Strategy,
+        upper: bool,
+        user: U,
+    ) -> (u64, u64) {
+        let req = Request {
+            size,
+            align,
+            strategy,
+            upper,
+            tag: None,
+            name: None,
+        };
+        self.allocate_core(&req, user)
+    }
+
+    /// [`allocate`](Self::allocate) of a request with a tag or a name.
+    #[inline(never)]
+    fn allocate_labelled(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
+        self.allocate_core(req, user)
+    }
+
+    /// [`allocate`](Self::allocate) without the handle: `(offset, stamp << 32 | id)` on
+    /// success, `(Fail as u64, NIL)` on failure (`NIL` is never an id).
+    #[inline(always)]
     fn allocate_core(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
         let fail = |f: Fail| (f as u64, u64::from(NIL));
         if req.size == 0 {
             return fail(Fail::ZeroSize);
         }
-        if !req.align.is_power_of_two() {
+        // 0 means 1, as in VMA.
+        let align = req.align.max(1);
+        if !align.is_power_of_two() {
             return fail(Fail::BadAlignment);
         }
         let Ok(tag) = self.tag_code(req.tag) else {
             return fail(Fail::TooManyTags);
         };
-        let meta = Meta::new(req.align, req.name.is_some(), tag);
-        let generation = self.generation;
+        let meta = Meta::new(align, req.name.is_some(), tag);
+        let generation = self.stamps.peek().get();
         let (id, offset) = match &mut self.engine {
             Engine::Tlsf(t) => {
                 if req.upper {
@@ -710,27 +852,25 @@ impl<U> VirtualBlock<U> {
                 if !t.has_room() {
                     return fail(Fail::TooManyAllocations);
                 }
-                match t.find(req.size, req.align, req.strategy) {
-                    Some((i, at)) => {
+                match t.find(req.size, align, req.strategy) {
+                    Some((i, li, at)) => {
                         let kind = NodeKind::Used {
                             meta: meta.0,
                             generation,
                         };
-                        (t.take(i, at, req.size, kind), at)
+                        (t.take(i, li, at, req.size, kind), at)
                     }
                     None => return fail(Fail::OutOfSpace),
                 }
             }
-            Engine::Linear(l) => {
-                match l.allocate(req.size, req.align, req.upper, meta.0, generation) {
-                    Ok(placed) => placed,
-                    Err(LinearFail::UpperInRing) => return fail(Fail::UpperAddressInRing),
-                    Err(LinearFail::TooManyAllocations) => return fail(Fail::TooManyAllocations),
-                    Err(LinearFail::NoSpace) => return fail(Fail::OutOfSpace),
-                }
-            }
+            Engine::Linear(l) => match l.allocate(req.size, align, req.upper, meta.0, generation) {
+                Ok(placed) => placed,
+                Err(LinearFail::UpperInRing) => return fail(Fail::UpperAddressInRing),
+                Err(LinearFail::TooManyAllocations) => return fail(Fail::TooManyAllocations),
+                Err(LinearFail::NoSpace) => return fail(Fail::OutOfSpace),
+            },
         };
-        self.generation = generation.wrapping_add(1);
+        self.stamps.take();
         self.put_user(id, user);
         if let Some(name) = req.name {
             self.names.insert(id, name.into());
@@ -760,11 +900,13 @@ impl<U> VirtualBlock<U> {
         self.users.put(id, user);
     }
 
-    /// The code of a tag, adding it to the table when new.
+    /// The code of a tag, adding it to the block's table when new. The table grows (through
+    /// the global allocator) only the first time the block sees a tag; after that a tagged
+    /// allocation finds its code without allocating.
     #[inline]
     fn tag_code(&mut self, tag: Option<Tag>) -> Result<u16, Error> {
         let Some(tag) = tag else { return Ok(0) };
-        if let Some(i) = self.tags.iter().position(|&t| t == tag) {
+        if let Some(i) = self.tags.iter().position(|&t| t.same(tag)) {
             return Ok(i as u16 + 1);
         }
         if self.tags.len() >= usize::from(u16::MAX) {
@@ -783,16 +925,19 @@ impl<U> VirtualBlock<U> {
     fn out_of_space(&self, req: &Request<'_>) -> Error {
         Error::OutOfSpace {
             size: req.size,
-            align: req.align,
+            align: req.align.max(1),
             free_bytes: self.free_bytes(),
-            largest_free: self.largest_free(),
+            largest_free_at_least: match &self.engine {
+                Engine::Tlsf(t) => t.largest_free_at_least(),
+                Engine::Linear(l) => l.largest_usable(),
+            },
         }
     }
 
     /// The record of a live handle, or why it is not one.
     #[inline(always)]
     fn check(&self, a: Alloc) -> Result<Record, Error> {
-        check_handle(&self.engine, self.id, a)
+        check_handle(&self.engine, &self.stamps, a)
     }
 
     /// Frees an allocation and returns its user data. O(1) with TLSF (merging with free
@@ -801,7 +946,7 @@ impl<U> VirtualBlock<U> {
     pub fn free(&mut self, a: Alloc) -> Result<U, Error> {
         // Inlined wrapper, like `allocate`'s: the handle goes in registers and a failure
         // comes back as a one-byte code rather than a 40-byte `Error` through memory.
-        self.free_core(a.offset, a.id, a.generation, a.block)
+        self.free_core(a.offset, a.id, a.stamp)
             .map_err(|f| match f {
                 Fail::ForeignHandle => Error::ForeignHandle,
                 _ => Error::StaleHandle,
@@ -809,35 +954,34 @@ impl<U> VirtualBlock<U> {
     }
 
     #[inline(never)]
-    fn free_core(
-        &mut self,
-        offset: u64,
-        id: u32,
-        generation: u32,
-        block: NonZeroU32,
-    ) -> Result<U, Fail> {
-        let a = Alloc {
-            offset,
-            id,
-            generation,
-            block,
+    fn free_core(&mut self, offset: u64, id: u32, stamp: NonZeroU32) -> Result<U, Fail> {
+        let live = |r: Option<Record>| match r {
+            Some(r) if r.generation == stamp.get() && r.offset == offset => Ok(r),
+            _ => match self.stamps.why_not_live(stamp) {
+                Error::ForeignHandle => Err(Fail::ForeignHandle),
+                _ => Err(Fail::StaleHandle),
+            },
         };
-        let r = self.check(a).map_err(|e| match e {
-            Error::ForeignHandle => Fail::ForeignHandle,
-            _ => Fail::StaleHandle,
-        })?;
-        // A live record always has its user data; taking it before touching the algorithm
-        // keeps the block unchanged should that ever not hold.
-        let user = self.users.take(a.id).ok_or(Fail::StaleHandle)?;
-        match &mut self.engine {
-            Engine::Tlsf(t) => t.release(a.id),
-            Engine::Linear(l) => {
-                let freed = l.free(a.id);
-                debug_assert_eq!(freed, Some(r));
+        // One match on the algorithm for the check and the release. A live record always has
+        // its user data; taking it before touching the algorithm keeps the block unchanged
+        // should that ever not hold.
+        let (r, user) = match &mut self.engine {
+            Engine::Tlsf(t) => {
+                let r = live(t.record(id))?;
+                let user = self.users.take(id).ok_or(Fail::StaleHandle)?;
+                t.release(id);
+                (r, user)
             }
-        }
+            Engine::Linear(l) => {
+                let r = live(l.record(id))?;
+                let user = self.users.take(id).ok_or(Fail::StaleHandle)?;
+                let freed = l.free(id);
+                debug_assert_eq!(freed, Some(r));
+                (r, user)
+            }
+        };
         if Meta(r.meta).named() {
-            self.names.remove(&a.id);
+            self.names.remove(&id);
         }
         self.live_count -= 1;
         self.live_bytes -= r.size;
@@ -847,7 +991,7 @@ impl<U> VirtualBlock<U> {
     /// Frees everything at once (dropping the user data); every handle becomes stale, and
     /// pending defragmentation moves are forgotten.
     pub fn clear(&mut self) {
-        // Old handles stay stale: the generation counter carries on, so no new allocation
+        // Old handles stay stale: the stamp counter carries on, so no new allocation
         // repeats theirs (and ids beyond the emptied arena are simply not live).
         self.users.clear();
         match &mut self.engine {
@@ -901,8 +1045,7 @@ impl<U> VirtualBlock<U> {
             handle: Alloc {
                 offset: r.offset,
                 id,
-                generation: r.generation,
-                block: self.id,
+                stamp: NonZeroU32::new(r.generation)?,
             },
             offset: r.offset,
             size: r.size,

@@ -14,9 +14,22 @@
 //! block and checks each block's real offset. That second step is what makes the allocator
 //! free of false out-of-memory failures (OffsetAllocator stops after the first step).
 //!
+//! Alignment padding (the free space an aligned allocation leaves before itself, smaller
+//! than the alignment) is kept in the allocation's own node: a used node covers its padding
+//! and its allocation, which starts at the node's first offset aligned to the allocation's
+//! alignment (the low bits of its meta, see [`ALIGN_BITS`]). The padding is free space all
+//! the same: the range before it takes it over when freed, it is freed with the allocation,
+//! and the exact searches, which decide that nothing fits, first give every padding a free
+//! node of its own in its list ([`Tlsf::list_all`]), so no false out-of-memory can come from
+//! it. The O(1) paths do not see padding (it is too small for the requests that leave it).
+//! That is a node and a list update less per aligned allocation, one node less to touch per
+//! free, and an arena half the size when most allocations are padded (the numbers are in
+//! docs/performance.md).
+//!
 //! Nothing here knows about handles or user data: a used node only carries the meta bits and
 //! generation that the block above gives it, and a reserved one a move number.
 
+use super::fit_summary::{FitSummaries, fit_at};
 use super::{Record, Strategy};
 
 /// "No node" in links.
@@ -29,7 +42,7 @@ const SL_COUNT: usize = 1 << SL_BITS;
 /// Size of the list-head table: 64 octaves' worth, although sizes below 2^64 reach only the
 /// first 1920 lists, so that any list index masked with `LISTS - 1` is in bounds and the
 /// compiler drops the bounds checks from the hot paths.
-const LISTS: usize = 64 * SL_COUNT;
+pub(crate) const LISTS: usize = 64 * SL_COUNT;
 
 /// Most free blocks [`Strategy::MinMemory`] examines before settling.
 pub(crate) const BEST_FIT_BUDGET: usize = 64;
@@ -62,6 +75,9 @@ const USED: u32 = TAKEN | 2 << 29;
 const KIND_MASK: u32 = TAKEN | 3 << 29;
 /// The bits of a used node's word that hold its meta.
 pub(crate) const META_MASK: u32 = (1 << 29) - 1;
+/// The low bits of a used node's meta: log2 of the allocation's alignment. (The block's
+/// `Meta` puts it there; a reserved node has 0 there, alignment 1, and never padding.)
+pub(crate) const ALIGN_BITS: u32 = 63;
 /// Nodes an arena may hold (indices below [`TAKEN`]).
 pub(crate) const MAX_NODES: usize = TAKEN as usize;
 
@@ -83,6 +99,34 @@ impl Node {
     fn is_free(&self) -> bool {
         // Free links are below TAKEN or NIL; NIL + 1 wraps to 0.
         self.prev_free.wrapping_add(1) <= TAKEN
+    }
+
+    /// Where a taken node's allocation starts: its first offset aligned to the allocation's
+    /// alignment (the node's own offset unless it holds padding).
+    #[inline(always)]
+    fn start(&self) -> u64 {
+        debug_assert!(!self.is_free());
+        let mask = (1u64 << (self.prev_free & ALIGN_BITS)) - 1;
+        // Cannot wrap for a valid node: the aligned start lies inside it.
+        self.offset.wrapping_add(mask) & !mask
+    }
+
+    /// The padding a taken node holds before its allocation (0 for a free or vacant node).
+    #[inline(always)]
+    fn padding(&self) -> u64 {
+        if self.is_free() || self.prev_free & KIND_MASK == VACANT {
+            0
+        } else {
+            self.start() - self.offset
+        }
+    }
+
+    /// Whether the node holds padding: taken, and not starting at an aligned offset.
+    #[inline(always)]
+    fn is_padded(&self) -> bool {
+        let mask = (1u64 << (self.prev_free & ALIGN_BITS)) - 1;
+        let taken = !self.is_free() && self.prev_free & KIND_MASK != VACANT;
+        taken && self.offset & mask != 0
     }
 
     #[inline]
@@ -137,7 +181,6 @@ fn list_index_up(size: u64) -> usize {
 }
 
 /// The smallest size list `li` holds.
-#[cfg(test)]
 fn list_floor(li: usize) -> u64 {
     let (fl, sl) = (li / SL_COUNT, li % SL_COUNT);
     if fl == 0 {
@@ -158,23 +201,18 @@ fn fit(offset: u64, block_size: u64, size: u64, align_mask: u64) -> Option<u64> 
 
 /// Sums over the free ranges, recomputed by [`Tlsf::validate`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct FreeTotals {
-    bytes: u64,
-    count: u32,
-    squares: u128,
+pub(crate) struct FreeTotals {
+    pub(crate) bytes: u64,
+    pub(crate) count: u32,
+    pub(crate) squares: u128,
 }
 
 impl FreeTotals {
     fn add(&mut self, size: u64) {
         self.bytes += size;
         self.count += 1;
-        self.squares += square(size);
+        self.squares += u128::from(size) * u128::from(size);
     }
-}
-
-#[inline(always)]
-fn square(size: u64) -> u128 {
-    u128::from(size) * u128::from(size)
 }
 
 /// The free-list table.
@@ -186,10 +224,52 @@ struct Lists {
     sl_bitmaps: [u32; 64],
 }
 
+/// A free range found for a request: its node, the node's list and the aligned offset.
+pub(crate) type Found = (u32, usize, u64);
+
+/// [`Found`] in two registers, for the searches kept out of line: `(node | list << 32, at)`,
+/// with `at == u64::MAX` for none (an allocation of at least one unit never starts there).
+/// An `Option<Found>` is returned through memory, and the fast path then went through memory
+/// too, where the two paths meet.
+type Packed = (u64, u64);
+
+const NOT_FOUND: Packed = (0, u64::MAX);
+
+#[inline(always)]
+fn pack(found: Option<Found>) -> Packed {
+    match found {
+        Some((i, li, at)) => (u64::from(i) | (li as u64) << 32, at),
+        None => NOT_FOUND,
+    }
+}
+
+#[inline(always)]
+fn unpack((node_list, at): Packed) -> Option<Found> {
+    (at != u64::MAX).then_some((node_list as u32, (node_list >> 32) as usize, at))
+}
+
 /// The TLSF state of one block.
+///
+/// Invariant: every node index held in a link (`first`, `last`, a list head, a node's
+/// physical or free-list neighbours) or on the vacant stack is below `nodes.len()`; `NIL`
+/// stands for none. Nodes leave the arena only in [`Tlsf::clear`] and [`Tlsf::restart`],
+/// which reset every link with them. The hot paths follow links without bounds checks
+/// ([`Tlsf::node`]); [`Tlsf::validate`] checks the invariant with checked indexing, and an
+/// index that comes from outside (a handle) is always checked ([`Tlsf::record`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Tlsf {
     nodes: Vec<Node>,
+    /// Nodes that hold padding (see the module docs), pushed as they are made. Entries go
+    /// stale when the padding is taken over or the node freed: a node holds padding exactly
+    /// when [`Node::padding`] says so. Compacted when full.
+    padded: Vec<u32>,
+    /// One bit per node: on the padded stack. A node reused for another padded allocation
+    /// while its old entry waits there is not pushed again (the entry names the node, not the
+    /// allocation); in the GPU-heap workload the same few hundred nodes carry each frame's
+    /// padded buffers.
+    noted: Vec<u64>,
+    /// Nodes that hold padding now.
+    padded_count: u32,
     /// Vacant nodes, most recently vacated last. A stack of indices rather than a chain
     /// through the nodes: taking one needs no load from the (possibly cold) node itself, so
     /// the two nodes an aligned allocation may create do not wait on each other.
@@ -204,16 +284,20 @@ pub(crate) struct Tlsf {
     /// List heads and per-list bitmaps, boxed together: one pointer away, and the block
     /// stays small.
     lists: Box<Lists>,
-    /// Σ size² over the free ranges, kept up to date on every change for the O(1)
-    /// fragmentation metric. (Σ size and the count are not kept here: the block knows its
-    /// free units, and nothing on a hot path needs the count.)
-    squares: u128,
+    /// What the exact search learnt about lists it walked, so that it can skip them.
+    summaries: FitSummaries,
+    /// Free ranges the searches have looked at (tests count the work of a search with it).
+    #[cfg(test)]
+    pub(crate) examined: u64,
 }
 
 impl Tlsf {
     pub(crate) fn new(capacity: u64) -> Self {
         let mut t = Tlsf {
             nodes: Vec::new(),
+            padded: Vec::new(),
+            noted: Vec::new(),
+            padded_count: 0,
             vacant: Vec::new(),
             first: NIL,
             last: NIL,
@@ -223,7 +307,9 @@ impl Tlsf {
                 heads: [NIL; LISTS],
                 sl_bitmaps: [0; 64],
             }),
-            squares: 0,
+            summaries: FitSummaries::new(),
+            #[cfg(test)]
+            examined: 0,
         };
         t.grow(capacity);
         t
@@ -235,77 +321,87 @@ impl Tlsf {
         self.nodes.len() + 2 < MAX_NODES
     }
 
-    /// Σ size² over the free ranges.
-    pub(crate) fn free_squares(&self) -> u128 {
-        self.squares
+    /// Node `i`, reached through a link.
+    #[inline(always)]
+    fn node(&self, i: u32) -> &Node {
+        debug_assert!((i as usize) < self.nodes.len(), "link {i} out of the arena");
+        // SAFETY: `i` comes from a link or the vacant stack, which the type's invariant keeps
+        // below `nodes.len()`.
+        unsafe { self.nodes.get_unchecked(i as usize) }
     }
 
+    /// Node `i`, reached through a link, to change it.
     #[inline(always)]
-    fn new_node(&mut self, node: Node) -> u32 {
-        if let Some(i) = self.vacant.pop() {
-            self.nodes[i as usize] = node;
-            i
-        } else {
-            // The block refuses allocations before the arena reaches MAX_NODES.
-            debug_assert!(self.nodes.len() < MAX_NODES);
-            let i = self.nodes.len() as u32;
-            self.nodes.push(node);
-            i
+    fn node_mut(&mut self, i: u32) -> &mut Node {
+        debug_assert!((i as usize) < self.nodes.len(), "link {i} out of the arena");
+        // SAFETY: as in `node`.
+        unsafe { self.nodes.get_unchecked_mut(i as usize) }
+    }
+
+    /// A node to fill in: a vacant one, or a new one at the end of the arena.
+    #[inline(always)]
+    fn new_node(&mut self) -> u32 {
+        match self.vacant.pop() {
+            Some(i) => i,
+            None => self.push_node(),
         }
     }
 
+    /// A node at the end of the arena. Inline: a block filling up from empty takes every
+    /// node here.
+    #[inline(always)]
+    fn push_node(&mut self) -> u32 {
+        // The block refuses allocations before the arena reaches MAX_NODES.
+        debug_assert!(self.nodes.len() < MAX_NODES);
+        let i = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            offset: 0,
+            size: 0,
+            prev_phys: NIL,
+            next_phys: NIL,
+            prev_free: VACANT,
+            next_free: NIL,
+        });
+        i
+    }
+
+    /// Node `i` leaves the block (merged into a neighbour).
     #[inline(always)]
     fn recycle(&mut self, i: u32) {
-        let n = &mut self.nodes[i as usize];
-        n.prev_free = VACANT;
-        n.next_free = NIL;
+        // A stale handle to it must not read as a live allocation.
+        self.node_mut(i).prev_free = VACANT;
         self.vacant.push(i);
     }
 
-    /// Links free node `i` into its list.
+    /// Links free node `i`, which is or will be `[offset, offset + size)`, at the head of
+    /// list `li` (its size's list).
     #[inline(always)]
-    fn link_free(&mut self, i: u32) {
-        let size = self.nodes[i as usize].size;
-        self.link_into(i, list_index(size));
-        self.squares += square(size);
-    }
-
-    /// Unlinks free node `i` from its list.
-    #[inline(always)]
-    fn unlink_free(&mut self, i: u32) {
-        let size = self.nodes[i as usize].size;
-        self.unlink_from(i, list_index(size));
-        self.squares -= square(size);
-    }
-
-    /// Links free node `i` at the head of list `li` (its size's list).
-    #[inline(always)]
-    fn link_into(&mut self, i: u32, li: usize) {
+    fn link(&mut self, i: u32, li: usize, offset: u64, size: u64) {
         let li = li & (LISTS - 1);
-        let head = self.lists.heads[li];
-        {
-            let n = &mut self.nodes[i as usize];
-            n.prev_free = NIL;
-            n.next_free = head;
-        }
+        let (fl, bit) = (li / SL_COUNT, 1 << (li % SL_COUNT));
+        let lists = &mut *self.lists;
+        let head = std::mem::replace(&mut lists.heads[li], i);
+        lists.sl_bitmaps[fl] |= bit;
+        self.fl_bitmap |= 1 << fl;
+        self.summaries.note(li, offset, size);
+        let n = self.node_mut(i);
+        n.prev_free = NIL;
+        n.next_free = head;
         if head != NIL {
-            self.nodes[head as usize].prev_free = i;
+            self.node_mut(head).prev_free = i;
         }
-        self.lists.heads[li] = i;
-        self.lists.sl_bitmaps[li / SL_COUNT] |= 1 << (li % SL_COUNT);
-        self.fl_bitmap |= 1 << (li / SL_COUNT);
     }
 
     /// Unlinks free node `i` from list `li` (its size's list).
     #[inline(always)]
-    fn unlink_from(&mut self, i: u32, li: usize) {
+    fn unlink(&mut self, i: u32, li: usize) {
         let (prev, next) = {
-            let n = &self.nodes[i as usize];
+            let n = self.node(i);
             debug_assert!(n.is_free() && list_index(n.size) == li);
             (n.prev_free, n.next_free)
         };
         if prev != NIL {
-            self.nodes[prev as usize].next_free = next;
+            self.node_mut(prev).next_free = next;
         } else {
             let li = li & (LISTS - 1);
             self.lists.heads[li] = next;
@@ -318,7 +414,119 @@ impl Tlsf {
             }
         }
         if next != NIL {
-            self.nodes[next as usize].prev_free = prev;
+            self.node_mut(next).prev_free = prev;
+        }
+    }
+
+    /// Unlinks free node `i` from its list.
+    #[inline(always)]
+    fn unlink_free(&mut self, i: u32) {
+        let size = self.node(i).size;
+        self.unlink(i, list_index(size));
+    }
+
+    /// Links free node `i` into its list.
+    fn link_free(&mut self, i: u32) {
+        let (offset, size) = {
+            let n = self.node(i);
+            (n.offset, n.size)
+        };
+        self.link(i, list_index(size), offset, size);
+    }
+
+    /// Makes room to note one more node holding padding. Called before the node is written:
+    /// an entry of an earlier life of that node must not be dropped as stale meanwhile.
+    #[inline(always)]
+    fn reserve_padded(&mut self) {
+        if self.padded.len() == self.padded.capacity() {
+            self.compact_padded();
+        }
+    }
+
+    /// Notes that node `i` now holds padding (after [`Tlsf::reserve_padded`]).
+    #[inline(always)]
+    fn add_padded(&mut self, i: u32) {
+        let (word, bit) = (i as usize / 64, 1u64 << (i % 64));
+        if word >= self.noted.len() {
+            self.noted.resize(self.nodes.len().div_ceil(64), 0);
+        }
+        let w = &mut self.noted[word];
+        if *w & bit == 0 {
+            *w |= bit;
+            self.padded.push(i);
+        }
+        self.padded_count += 1;
+    }
+
+    /// Drops stale entries from the padded stack, and makes room for as many again: amortised
+    /// O(1) per entry.
+    #[cold]
+    #[inline(never)]
+    fn compact_padded(&mut self) {
+        let mut stack = std::mem::take(&mut self.padded);
+        stack.retain(|&i| {
+            let keep = self.node(i).is_padded();
+            if !keep {
+                self.noted[i as usize / 64] &= !(1 << (i % 64));
+            }
+            keep
+        });
+        debug_assert_eq!(stack.len(), self.padded_count as usize);
+        // Room for twice as many again and then some: the walk above is then paid by at
+        // least as many pushes as it looked at entries.
+        stack.reserve(2 * stack.len() + 1024);
+        self.padded = stack;
+    }
+
+    /// Gives the padding of every node that holds some a free node of its own, in its list
+    /// (the exact searches need to see all free ranges).
+    #[cold]
+    #[inline(never)]
+    fn list_padding(&mut self) {
+        let mut stack = std::mem::take(&mut self.padded);
+        for &i in &stack {
+            let (offset, pad, prev) = {
+                let n = self.node(i);
+                (n.offset, n.padding(), n.prev_phys)
+            };
+            self.noted[i as usize / 64] &= !(1 << (i % 64));
+            if pad == 0 {
+                continue;
+            }
+            // [p = padding][i = allocation]
+            let p = self.new_node();
+            *self.node_mut(p) = Node {
+                offset,
+                size: pad,
+                prev_phys: prev,
+                next_phys: i,
+                prev_free: NIL,
+                next_free: NIL,
+            };
+            self.link(p, list_index(pad), offset, pad);
+            {
+                let n = self.node_mut(i);
+                n.offset += pad;
+                n.size -= pad;
+                n.prev_phys = p;
+            }
+            if prev != NIL {
+                self.node_mut(prev).next_phys = p;
+            } else {
+                self.first = p;
+            }
+        }
+        stack.clear();
+        self.padded = stack;
+        self.padded_count = 0;
+    }
+
+    /// Lists all padding, if any node holds some; before a search that must see every free
+    /// range.
+    #[inline(always)]
+    pub(crate) fn list_all(&mut self) {
+        if self.padded_count != 0 {
+            self.list_padding();
         }
     }
 
@@ -357,16 +565,16 @@ impl Tlsf {
         self.lists.heads[li & (LISTS - 1)]
     }
 
-    /// Finds room for `size` aligned to `align` (a power of two). Returns the free node and
-    /// the aligned offset inside it; nothing is changed yet.
+    /// Finds room for `size` aligned to `align` (a power of two). Returns the free node, its
+    /// list and the aligned offset inside it; nothing is changed yet.
     #[inline(always)]
-    pub(crate) fn find(&self, size: u64, align: u64, strategy: Strategy) -> Option<(u32, u64)> {
+    pub(crate) fn find(&mut self, size: u64, align: u64, strategy: Strategy) -> Option<Found> {
         let mask = align - 1;
         // Plain `if let` chains rather than `Option::or_else`: the closures were not always
         // inlined, and returning the pair through memory cost more than the search itself.
         let first = match strategy {
-            Strategy::MinOffset => return self.lowest_fit(size, mask),
-            Strategy::MinMemory => self.best_fit(size, mask),
+            Strategy::MinOffset => return unpack(self.lowest_fit(size, mask)),
+            Strategy::MinMemory => unpack(self.best_fit(size, mask)),
             Strategy::Balanced => self.tight_fit(size, mask),
             Strategy::MinTime => None,
         };
@@ -376,22 +584,22 @@ impl Tlsf {
         if let Some(found) = self.good_fit(size, mask) {
             return Some(found);
         }
-        self.first_fit(size, mask)
+        unpack(self.first_fit(size, mask))
     }
 
     /// O(1): the head of the first list whose every block fits even with worst-case padding.
     #[inline(always)]
-    fn good_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+    fn good_fit(&self, size: u64, mask: u64) -> Option<Found> {
         let worst = size.checked_add(mask)?;
         let li = self.first_list_from(list_index_up(worst))?;
         let i = self.head(li);
-        let n = &self.nodes[i as usize];
+        let n = self.node(i);
         let at = fit(n.offset, n.size, size, mask);
         debug_assert!(
             at.is_some(),
             "good-fit list holds a block that does not fit"
         );
-        at.map(|at| (i, at))
+        at.map(|at| (i, li, at))
     }
 
     /// O(1): the head of the first non-empty list from the one of `size` rounded up to the
@@ -403,163 +611,263 @@ impl Tlsf {
     /// alignment 256 in the VMA benchmark replica, a wasted node load, and packed worse; from
     /// the rounded size it does not fail there. With alignment 1 nothing changes.)
     #[inline(always)]
-    fn tight_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+    fn tight_fit(&self, size: u64, mask: u64) -> Option<Found> {
         let li = self.first_list_from(list_index(size.saturating_add(mask) & !mask))?;
         let i = self.head(li);
-        let n = &self.nodes[i as usize];
-        fit(n.offset, n.size, size, mask).map(|at| (i, at))
+        let n = self.node(i);
+        fit(n.offset, n.size, size, mask).map(|at| (i, li, at))
+    }
+
+    /// Counts a free range looked at by a search (tests only).
+    #[inline(always)]
+    fn examine(&mut self) {
+        #[cfg(test)]
+        {
+            self.examined += 1;
+        }
     }
 
     /// Walks the lists that may hold a fitting block, lowest size first; the first block that
     /// fits wins. This is the exact fallback that rules out false out-of-memory failures.
+    /// Lists whose summary rules them out are skipped; a list walked to its end without a fit
+    /// gets a summary (see [`FitSummaries`]), so a failure costs a walk only the first time.
     #[inline(never)]
-    fn first_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+    fn first_fit(&mut self, size: u64, mask: u64) -> Packed {
+        self.list_all();
+        let align_log2 = mask.count_ones();
         let mut list = self.first_list_from(list_index(size));
         while let Some(li) = list {
-            let mut i = self.head(li);
-            while i != NIL {
-                let n = &self.nodes[i as usize];
-                if let Some(at) = fit(n.offset, n.size, size, mask) {
-                    return Some((i, at));
+            if !self.summaries.rules_out(li, size, align_log2) {
+                let mut i = self.head(li);
+                let mut most = 0;
+                while i != NIL {
+                    self.examine();
+                    let n = self.node(i);
+                    if let Some(at) = fit(n.offset, n.size, size, mask) {
+                        return pack(Some((i, li, at)));
+                    }
+                    most = most.max(fit_at(n.offset, n.size, align_log2));
+                    i = n.next_free;
                 }
-                i = n.next_free;
+                self.summaries.set(li, align_log2, most);
             }
             list = self.next_list(li);
         }
-        None
+        NOT_FOUND
     }
 
     /// The smallest fitting block (ties: lowest offset) among the first [`BEST_FIT_BUDGET`]
     /// blocks examined. Lists are ordered by size, so the search starts at the request's own
     /// list and stops at the first list that holds a fitting block; the budget bounds the walk
-    /// when many small blocks fail the alignment (then the good fit takes over).
+    /// when many small blocks fail the alignment (then the good fit takes over). Lists ruled
+    /// out by their summaries are skipped without using the budget.
     #[inline(never)]
-    fn best_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
+    fn best_fit(&mut self, size: u64, mask: u64) -> Packed {
+        self.list_all();
+        let align_log2 = mask.count_ones();
         let mut list = self.first_list_from(list_index(size));
         let mut budget = BEST_FIT_BUDGET;
-        let mut best: Option<(u32, u64)> = None;
+        let mut best: Option<Found> = None;
         while let Some(li) = list {
+            if self.summaries.rules_out(li, size, align_log2) {
+                list = self.next_list(li);
+                continue;
+            }
             let mut i = self.head(li);
             while i != NIL {
-                let n = &self.nodes[i as usize];
+                self.examine();
+                let n = self.node(i);
                 if let Some(at) = fit(n.offset, n.size, size, mask) {
-                    let better = best.is_none_or(|(b, _)| {
-                        let b = &self.nodes[b as usize];
+                    let better = best.is_none_or(|(b, _, _)| {
+                        let b = self.node(b);
                         (n.size, n.offset) < (b.size, b.offset)
                     });
                     if better {
-                        best = Some((i, at));
+                        best = Some((i, li, at));
                     }
                 }
                 budget -= 1;
                 if budget == 0 {
-                    return best;
+                    return pack(best);
                 }
                 i = n.next_free;
             }
             if best.is_some() {
-                return best;
+                return pack(best);
             }
             list = self.next_list(li);
         }
-        None
+        NOT_FOUND
     }
 
-    /// The fitting block with the lowest offset (O(free ranges)).
+    /// The fitting block with the lowest offset (O(free ranges)). Lists ruled out by their
+    /// summaries are skipped; a list without a fitting block gets a summary.
     #[inline(never)]
-    fn lowest_fit(&self, size: u64, mask: u64) -> Option<(u32, u64)> {
-        let mut best: Option<(u32, u64)> = None;
+    fn lowest_fit(&mut self, size: u64, mask: u64) -> Packed {
+        self.list_all();
+        let align_log2 = mask.count_ones();
+        let mut best: Option<Found> = None;
         let mut list = self.first_list_from(list_index(size));
         while let Some(li) = list {
-            let mut i = self.head(li);
-            while i != NIL {
-                let n = &self.nodes[i as usize];
-                if best.is_none_or(|(_, b)| n.offset < b) {
-                    if let Some(at) = fit(n.offset, n.size, size, mask) {
-                        best = Some((i, at));
+            if !self.summaries.rules_out(li, size, align_log2) {
+                let mut i = self.head(li);
+                let mut most = 0;
+                let mut fits_here = false;
+                while i != NIL {
+                    self.examine();
+                    let n = self.node(i);
+                    match fit(n.offset, n.size, size, mask) {
+                        Some(at) => {
+                            fits_here = true;
+                            if best.is_none_or(|(_, _, b)| at < b) {
+                                best = Some((i, li, at));
+                            }
+                        }
+                        None => most = most.max(fit_at(n.offset, n.size, align_log2)),
                     }
+                    i = n.next_free;
                 }
-                i = n.next_free;
+                if !fits_here {
+                    self.summaries.set(li, align_log2, most);
+                }
             }
             list = self.next_list(li);
         }
-        best
+        pack(best)
     }
 
-    /// Gives free node `i` a new range. It is moved to another list only when its size class
-    /// changes, which spares two list updates in the common case of carving a small piece off
-    /// a big range (or merging one into it).
+    /// Gives free node `i` the range `[offset, offset + size)`, which contains its old one (a
+    /// merge). It changes lists only when its size class does, which spares two list updates
+    /// when a small range merges into a big one; staying, it is noted in its list's summary
+    /// (the range may hold more than before).
     #[inline(always)]
-    fn resize_free(&mut self, i: u32, offset: u64, size: u64) {
-        let old = self.nodes[i as usize].size;
-        let (from, to) = (list_index(old), list_index(size));
+    fn grow_free(&mut self, i: u32, offset: u64, size: u64) {
+        let from = list_index(self.node(i).size);
+        let to = list_index(size);
         if from != to {
-            self.unlink_from(i, from);
-            self.link_into(i, to);
+            self.unlink(i, from);
+            self.link(i, to, offset, size);
+        } else {
+            self.summaries.note(to, offset, size);
         }
-        let n = &mut self.nodes[i as usize];
+        let n = self.node_mut(i);
         n.offset = offset;
         n.size = size;
-        // Wrapping: the intermediate sum may dip below zero, the result never does.
-        self.squares = self
-            .squares
-            .wrapping_sub(square(old))
-            .wrapping_add(square(size));
     }
 
-    /// Takes `[at, at + size)` out of free node `i` (as found by [`Tlsf::find`]) and gives it to
-    /// `kind`. Returns the node that now describes the taken range.
+    /// Takes `[at, at + size)` out of free node `i` of list `li` (as found by [`Tlsf::find`])
+    /// and gives it to `kind`. Returns the node that now describes the taken range.
     ///
     /// Node `i` stays free and keeps what is left after the range (or, if nothing is, the
     /// padding before it), so it usually keeps its list too; the taken range gets a node of its
-    /// own. Padding and rest never touch another free node, since free nodes never sit side by
-    /// side.
+    /// own, which also holds the padding before it (a used node; a reserved one has no
+    /// alignment to find its start by, so its padding gets a free node). Padding and rest
+    /// never touch another free node, since free nodes never sit side by side.
     #[inline(always)]
-    pub(crate) fn take(&mut self, i: u32, at: u64, size: u64, kind: NodeKind) -> u32 {
+    pub(crate) fn take(&mut self, i: u32, li: usize, at: u64, size: u64, kind: NodeKind) -> u32 {
         let (offset, total, prev) = {
-            let n = &self.nodes[i as usize];
+            let n = self.node(i);
             (n.offset, n.size, n.prev_phys)
         };
         let pad = at - offset;
         let rest = total - pad - size;
         if rest == 0 {
             // Rare: the range ends where the free node does.
-            return self.take_tail(i, at, size, kind);
+            return self.take_tail(i, li, at, size, kind);
         }
-        // Layout: [padding?][taken][i = rest].
+        if pad > 0 && !matches!(kind, NodeKind::Used { .. }) {
+            return self.take_with_free_padding(i, li, at, size, kind);
+        }
+        // Layout: [taken u, with the padding][i = rest]. What is left after the range stays
+        // in node i, which changes lists only when its size class does: a shrinking range
+        // cannot break its list's summary, and a new list notes it in `link`.
+        let u = self.new_node();
+        let to = list_index(rest);
+        if to != li {
+            self.unlink(i, li);
+            self.link(i, to, at + size, rest);
+        }
+        {
+            let n = self.node_mut(i);
+            n.offset = at + size;
+            n.size = rest;
+            n.prev_phys = u;
+        }
         let mut taken = Node {
-            offset: at,
-            size,
+            offset,
+            size: pad + size,
             prev_phys: prev,
             next_phys: i,
             prev_free: NIL,
             next_free: NIL,
         };
         taken.set_taken(kind);
-        self.resize_free(i, at + size, rest);
-        let u = self.new_node(taken);
-        self.nodes[i as usize].prev_phys = u;
-        let before = if pad > 0 {
-            let p = self.new_node(Node {
-                offset,
-                size: pad,
-                prev_phys: prev,
-                next_phys: u,
-                prev_free: NIL,
-                next_free: NIL,
-            });
-            self.nodes[u as usize].prev_phys = p;
-            self.link_free(p);
-            p
-        } else {
-            u
-        };
+        debug_assert_eq!(
+            taken.start(),
+            at,
+            "an allocation starts at its first aligned offset"
+        );
+        if pad > 0 {
+            self.reserve_padded();
+        }
+        *self.node_mut(u) = taken;
+        if pad > 0 {
+            self.add_padded(u);
+        }
         if prev != NIL {
-            self.nodes[prev as usize].next_phys = before;
+            self.node_mut(prev).next_phys = u;
         } else {
-            self.first = before;
+            self.first = u;
         }
         u
+    }
+
+    /// [`Tlsf::take`] of a reserved range after padding: the padding gets a free node.
+    #[cold]
+    #[inline(never)]
+    fn take_with_free_padding(
+        &mut self,
+        i: u32,
+        li: usize,
+        at: u64,
+        size: u64,
+        kind: NodeKind,
+    ) -> u32 {
+        let (offset, prev) = {
+            let n = self.node(i);
+            (n.offset, n.prev_phys)
+        };
+        // Give node i's first `at - offset` units to a free node p, then take from the rest.
+        let pad = at - offset;
+        let p = self.new_node();
+        *self.node_mut(p) = Node {
+            offset,
+            size: pad,
+            prev_phys: prev,
+            next_phys: i,
+            prev_free: NIL,
+            next_free: NIL,
+        };
+        self.link(p, list_index(pad), offset, pad);
+        if prev != NIL {
+            self.node_mut(prev).next_phys = p;
+        } else {
+            self.first = p;
+        }
+        let rest = self.node(i).size - pad;
+        let to = list_index(rest);
+        if to != li {
+            self.unlink(i, li);
+            self.link(i, to, at, rest);
+        }
+        {
+            let n = self.node_mut(i);
+            n.offset = at;
+            n.size = rest;
+            n.prev_phys = p;
+        }
+        // No padding left: an ordinary take. (Two free nodes side by side for a moment.)
+        self.take(i, to, at, size, kind)
     }
 
     /// [`Tlsf::take`] when nothing of free node `i` is left after the range: node `i` becomes
@@ -567,18 +875,24 @@ impl Tlsf {
     /// the common path stays short.
     #[cold]
     #[inline(never)]
-    fn take_tail(&mut self, i: u32, at: u64, size: u64, kind: NodeKind) -> u32 {
+    fn take_tail(&mut self, i: u32, li: usize, at: u64, size: u64, kind: NodeKind) -> u32 {
         let (offset, next) = {
-            let n = &self.nodes[i as usize];
+            let n = self.node(i);
             (n.offset, n.next_phys)
         };
         let pad = at - offset;
         if pad == 0 {
-            self.unlink_free(i);
-            self.nodes[i as usize].set_taken(kind);
+            self.unlink(i, li);
+            self.node_mut(i).set_taken(kind);
             return i;
         }
-        // Layout: [i = padding][taken].
+        // Layout: [i = padding][taken u].
+        let to = list_index(pad);
+        if to != li {
+            self.unlink(i, li);
+            self.link(i, to, offset, pad);
+        }
+        let u = self.new_node();
         let mut taken = Node {
             offset: at,
             size,
@@ -588,39 +902,64 @@ impl Tlsf {
             next_free: NIL,
         };
         taken.set_taken(kind);
-        self.resize_free(i, offset, pad);
-        let u = self.new_node(taken);
-        self.nodes[i as usize].next_phys = u;
+        *self.node_mut(u) = taken;
+        {
+            let n = self.node_mut(i);
+            n.size = pad;
+            n.next_phys = u;
+        }
         if next != NIL {
-            self.nodes[next as usize].prev_phys = u;
+            self.node_mut(next).prev_phys = u;
         } else {
             self.last = u;
         }
         u
     }
 
-    /// Returns taken node `i` to the free space, merged with free neighbours (O(1)). A free
-    /// neighbour absorbs it, so its list changes only if its size class does.
+    /// Returns taken node `i` to the free space, merged with free neighbours (O(1)), padding
+    /// included: its own, and the padding the next node holds, which this free range takes
+    /// over. A free neighbour absorbs it, so its list changes only if its size class does.
     #[inline(always)]
     pub(crate) fn release(&mut self, i: u32) {
         debug_assert!(matches!(
-            self.nodes[i as usize].kind(),
+            self.node(i).kind(),
             NodeKind::Used { .. } | NodeKind::Reserved(_)
         ));
-        let (offset, size, prev, next) = {
-            let n = &self.nodes[i as usize];
-            (n.offset, n.size, n.prev_phys, n.next_phys)
+        let (offset, mut size, prev, next, own_pad) = {
+            let n = self.node(i);
+            (n.offset, n.size, n.prev_phys, n.next_phys, n.padding())
         };
-        let prev_free = prev != NIL && self.nodes[prev as usize].is_free();
-        let next_free = next != NIL && self.nodes[next as usize].is_free();
+        if own_pad > 0 {
+            self.padded_count -= 1;
+        }
+        let prev_free = prev != NIL && self.node(prev).is_free();
+        let mut next_free = false;
+        if next != NIL {
+            let n = self.node_mut(next);
+            if n.is_free() {
+                next_free = true;
+            } else {
+                let pad = n.padding();
+                if pad > 0 {
+                    // Take over the next allocation's padding.
+                    n.offset += pad;
+                    n.size -= pad;
+                    size += pad;
+                    self.padded_count -= 1;
+                }
+            }
+        }
         match (prev_free, next_free) {
-            (false, false) => self.link_free(i),
+            (false, false) => {
+                self.link(i, list_index(size), offset, size);
+                self.node_mut(i).size = size;
+            }
             (false, true) => {
-                let grown = self.nodes[next as usize].size + size;
-                self.resize_free(next, offset, grown);
-                self.nodes[next as usize].prev_phys = prev;
+                let n_size = self.node(next).size;
+                self.grow_free(next, offset, n_size + size);
+                self.node_mut(next).prev_phys = prev;
                 if prev != NIL {
-                    self.nodes[prev as usize].next_phys = next;
+                    self.node_mut(prev).next_phys = next;
                 } else {
                     self.first = next;
                 }
@@ -628,13 +967,13 @@ impl Tlsf {
             }
             (true, false) => {
                 let (p_off, p_size) = {
-                    let p = &self.nodes[prev as usize];
+                    let p = self.node(prev);
                     (p.offset, p.size)
                 };
-                self.resize_free(prev, p_off, p_size + size);
-                self.nodes[prev as usize].next_phys = next;
+                self.grow_free(prev, p_off, p_size + size);
+                self.node_mut(prev).next_phys = next;
                 if next != NIL {
-                    self.nodes[next as usize].prev_phys = prev;
+                    self.node_mut(next).prev_phys = prev;
                 } else {
                     self.last = prev;
                 }
@@ -642,18 +981,18 @@ impl Tlsf {
             }
             (true, true) => {
                 let (n_size, after) = {
-                    let n = &self.nodes[next as usize];
+                    let n = self.node(next);
                     (n.size, n.next_phys)
                 };
                 self.unlink_free(next);
                 let (p_off, p_size) = {
-                    let p = &self.nodes[prev as usize];
+                    let p = self.node(prev);
                     (p.offset, p.size)
                 };
-                self.resize_free(prev, p_off, p_size + size + n_size);
-                self.nodes[prev as usize].next_phys = after;
+                self.grow_free(prev, p_off, p_size + size + n_size);
+                self.node_mut(prev).next_phys = after;
                 if after != NIL {
-                    self.nodes[after as usize].prev_phys = prev;
+                    self.node_mut(after).prev_phys = prev;
                 } else {
                     self.last = prev;
                 }
@@ -674,11 +1013,14 @@ impl Tlsf {
     #[inline(never)]
     fn restart(&mut self) {
         let only = self.first;
-        debug_assert!(self.nodes[only as usize].is_free());
+        debug_assert!(self.node(only).is_free());
         self.unlink_free(only);
-        // `Node` has no drop glue and the vacant stack holds plain indices: both O(1).
+        // `Node` has no drop glue and the stacks hold plain indices: all O(1).
         self.nodes.clear();
         self.vacant.clear();
+        self.padded.clear();
+        self.noted.clear();
+        self.padded_count = 0;
         self.first = NIL;
         self.last = NIL;
         let capacity = std::mem::take(&mut self.capacity);
@@ -698,9 +1040,13 @@ impl Tlsf {
     #[inline(always)]
     pub(crate) fn record(&self, i: u32) -> Option<Record> {
         let n = self.nodes.get(i as usize)?;
-        (n.prev_free & KIND_MASK == USED).then_some(Record {
-            offset: n.offset,
-            size: n.size,
+        if n.prev_free & KIND_MASK != USED {
+            return None;
+        }
+        let start = n.start();
+        Some(Record {
+            offset: start,
+            size: n.offset + n.size - start,
             meta: n.prev_free & META_MASK,
             generation: n.next_free,
         })
@@ -727,9 +1073,16 @@ impl Tlsf {
         self.nodes[i as usize].next_phys
     }
 
+    /// The list of free node `i`.
+    pub(crate) fn list_of(&self, i: u32) -> usize {
+        list_index(self.nodes[i as usize].size)
+    }
+
+    /// The range of taken node `i`'s allocation (its padding left out).
     pub(crate) fn node_range(&self, i: u32) -> (u64, u64) {
         let n = &self.nodes[i as usize];
-        (n.offset, n.size)
+        let pad = n.padding();
+        (n.offset + pad, n.size - pad)
     }
 
     /// Extends the block to `capacity` (not smaller than now): the tail becomes free space,
@@ -750,14 +1103,15 @@ impl Tlsf {
             return;
         }
         let prev = self.last;
-        let n = self.new_node(Node {
+        let n = self.new_node();
+        *self.node_mut(n) = Node {
             offset: old,
             size: extra,
             prev_phys: prev,
             next_phys: NIL,
             prev_free: NIL,
             next_free: NIL,
-        });
+        };
         if prev != NIL {
             self.nodes[prev as usize].next_phys = n;
         } else {
@@ -772,35 +1126,72 @@ impl Tlsf {
         let capacity = self.capacity;
         self.nodes.clear();
         self.vacant.clear();
+        self.padded.clear();
+        self.noted.clear();
+        self.padded_count = 0;
         self.first = NIL;
         self.last = NIL;
         self.capacity = 0;
         self.fl_bitmap = 0;
         self.lists.sl_bitmaps = [0; 64];
         self.lists.heads.fill(NIL);
-        self.squares = 0;
+        self.summaries.clear();
         self.grow(capacity);
     }
 
-    /// The size of the largest free range, exactly: the top non-empty list is found from the
-    /// bitmaps, then that one list is scanned (its blocks differ by at most 1/32).
-    pub(crate) fn largest_free(&self) -> u64 {
+    /// A lower bound on the largest free range in O(1): the largest range itself when its
+    /// list (the top non-empty one) holds only it, as it usually does, else that list's floor,
+    /// at most 1/32 below the largest listed range. (After a failed allocation every range is
+    /// listed; otherwise unlisted padding, smaller than an alignment, may be larger still.)
+    pub(crate) fn largest_free_at_least(&self) -> u64 {
         if self.fl_bitmap == 0 {
             return 0;
         }
         let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
-        let sl = 31 - self.lists.sl_bitmaps[fl].leading_zeros() as usize;
-        let mut i = self.head(fl * SL_COUNT + sl);
+        let li = fl * SL_COUNT + 31 - self.lists.sl_bitmaps[fl].leading_zeros() as usize;
+        let n = &self.nodes[self.head(li) as usize];
+        if n.next_free == NIL {
+            n.size
+        } else {
+            list_floor(li)
+        }
+    }
+
+    /// The size of the largest free range, exactly: the top non-empty list is found from the
+    /// bitmaps, then that one list is scanned (its blocks differ by at most 1/32), and the
+    /// padding nodes hold is looked at; the cost is the length of that list and of the
+    /// padded stack.
+    pub(crate) fn largest_free(&self) -> u64 {
         let mut best = 0;
-        while i != NIL {
-            let n = &self.nodes[i as usize];
-            best = best.max(n.size);
-            i = n.next_free;
+        if self.fl_bitmap != 0 {
+            let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
+            let sl = 31 - self.lists.sl_bitmaps[fl].leading_zeros() as usize;
+            let mut i = self.head(fl * SL_COUNT + sl);
+            while i != NIL {
+                let n = &self.nodes[i as usize];
+                best = best.max(n.size);
+                i = n.next_free;
+            }
+        }
+        for &i in &self.padded {
+            best = best.max(self.nodes[i as usize].padding());
         }
         best
     }
 
-    /// The taken regions in offset order: `(node, offset, size, kind)`.
+    /// Count, sum and sum of squares of the free ranges, by a walk over every range
+    /// (O(ranges)).
+    pub(crate) fn free_totals(&self) -> FreeTotals {
+        let mut totals = FreeTotals::default();
+        for (_, _, size, kind) in self.regions() {
+            if kind == NodeKind::Free {
+                totals.add(size);
+            }
+        }
+        totals
+    }
+
+    /// The taken regions in offset order: `(node, offset, size, kind)`, padding left out.
     pub(crate) fn taken(&self) -> TakenIter<'_> {
         TakenIter {
             tlsf: self,
@@ -808,16 +1199,26 @@ impl Tlsf {
         }
     }
 
-    /// Every region in offset order, including free ones.
+    /// Every region in offset order, free ones included: the padding a node holds comes first
+    /// as a free region of node `NIL`, then the node's allocation.
     pub(crate) fn regions(&self) -> impl Iterator<Item = (u32, u64, u64, NodeKind)> + '_ {
         let mut cur = self.first;
+        let mut held = None;
         std::iter::from_fn(move || {
+            if let Some(r) = held.take() {
+                return Some(r);
+            }
             if cur == NIL {
                 return None;
             }
             let i = cur;
             let n = &self.nodes[i as usize];
             cur = n.next_phys;
+            let pad = n.padding();
+            if pad > 0 {
+                held = Some((i, n.offset + pad, n.size - pad, n.kind()));
+                return Some((NIL, n.offset, pad, NodeKind::Free));
+            }
             Some((i, n.offset, n.size, n.kind()))
         })
     }
@@ -829,6 +1230,13 @@ impl Tlsf {
         let mut prev_free = false;
         let mut seen = 0usize;
         let mut totals = FreeTotals::default();
+        let mut padded = 0u32;
+        let mut on_stack = vec![false; self.nodes.len()];
+        for &i in &self.padded {
+            *on_stack
+                .get_mut(i as usize)
+                .ok_or_else(|| format!("padded entry {i} out of the arena"))? = true;
+        }
         let mut cur = self.first;
         while cur != NIL {
             let n = self
@@ -859,7 +1267,24 @@ impl Tlsf {
             if free && prev_free {
                 return Err(format!("node {cur}: two free neighbours not merged"));
             }
-            if free {
+            if !free {
+                // Padding: less than the alignment, noted, and not next to a free range
+                // (which would have taken it over).
+                let pad = n.padding();
+                if pad >= 1 << (n.prev_free & ALIGN_BITS) || pad >= n.size {
+                    return Err(format!("node {cur}: padding {pad} too large"));
+                }
+                if pad > 0 {
+                    totals.add(pad);
+                    padded += 1;
+                    if !on_stack[cur as usize] {
+                        return Err(format!("node {cur} holds padding but is not noted"));
+                    }
+                    if prev_free {
+                        return Err(format!("node {cur}: padding after a free range"));
+                    }
+                }
+            } else {
                 totals.add(n.size);
                 let li = list_index(n.size);
                 let (fl, sl) = (li / SL_COUNT, li % SL_COUNT);
@@ -869,7 +1294,11 @@ impl Tlsf {
                 let mut j = self.head(li);
                 let mut steps = 0usize;
                 while j != NIL && j != cur {
-                    j = self.nodes[j as usize].next_free;
+                    j = self
+                        .nodes
+                        .get(j as usize)
+                        .ok_or_else(|| format!("free link {j} out of the arena"))?
+                        .next_free;
                     steps += 1;
                     if steps > self.nodes.len() {
                         return Err("free list has a cycle".into());
@@ -877,6 +1306,9 @@ impl Tlsf {
                 }
                 if j != cur {
                     return Err(format!("node {cur}: free but not in list {li}"));
+                }
+                if !self.summaries.covers(li, n.offset, n.size) {
+                    return Err(format!("node {cur}: list {li}'s fit summary is too low"));
                 }
             }
             expected_offset = n
@@ -896,12 +1328,6 @@ impl Tlsf {
         if prev != self.last {
             return Err("`last` is not the final node".into());
         }
-        if totals.squares != self.squares {
-            return Err(format!(
-                "sum of squared free sizes {} != recomputed {}",
-                self.squares, totals.squares
-            ));
-        }
         // Every list: links consistent, members free and of the right size, bitmaps exact.
         let mut listed = 0u32;
         for fl in 0..self.lists.sl_bitmaps.len() {
@@ -916,7 +1342,10 @@ impl Tlsf {
                 }
                 let mut p = NIL;
                 while j != NIL {
-                    let n = &self.nodes[j as usize];
+                    let n = self
+                        .nodes
+                        .get(j as usize)
+                        .ok_or_else(|| format!("list link {j} out of the arena"))?;
                     if !n.is_free() || list_index(n.size) != li {
                         return Err(format!("node {j} in list {li} does not belong"));
                     }
@@ -932,10 +1361,16 @@ impl Tlsf {
                 }
             }
         }
-        if listed != totals.count {
+        if listed + padded != totals.count {
             return Err(format!(
-                "{listed} listed nodes, {} free regions",
+                "{listed} listed nodes and {padded} paddings, {} free regions",
                 totals.count
+            ));
+        }
+        if padded != self.padded_count {
+            return Err(format!(
+                "{padded} nodes hold padding, counter says {}",
+                self.padded_count
             ));
         }
         let vacant = self.vacant.len();
@@ -972,7 +1407,8 @@ impl Iterator for TakenIter<'_> {
             let n = &self.tlsf.nodes[i as usize];
             self.next = n.next_phys;
             if !n.is_free() {
-                return Some((i, n.offset, n.size, n.kind()));
+                let pad = n.padding();
+                return Some((i, n.offset + pad, n.size - pad, n.kind()));
             }
         }
         None
@@ -1012,14 +1448,15 @@ mod tests {
     #[test]
     fn take_and_release_merge_back() {
         let mut t = Tlsf::new(1000);
-        let (i, at) = t.find(10, 16, Strategy::Balanced).unwrap();
-        let used = |generation| NodeKind::Used {
-            meta: 0,
+        let (i, li, at) = t.find(10, 16, Strategy::Balanced).unwrap();
+        // The low bits of a used node's meta are log2 of its alignment.
+        let used = |align: u64, generation| NodeKind::Used {
+            meta: align.trailing_zeros(),
             generation,
         };
-        let a = t.take(i, at, 10, used(0));
-        let (j, at2) = t.find(100, 64, Strategy::Balanced).unwrap();
-        let b = t.take(j, at2, 100, used(1));
+        let a = t.take(i, li, at, 10, used(16, 0));
+        let (j, lj, at2) = t.find(100, 64, Strategy::Balanced).unwrap();
+        let b = t.take(j, lj, at2, 100, used(64, 1));
         assert_eq!(at % 16, 0);
         assert_eq!(at2 % 64, 0);
         t.validate().unwrap();
