@@ -54,8 +54,10 @@ use crate::thread_cache::{
     self, CHILD_LANES, HOOK_ALLOC, HOOK_CLOSED, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_SAMPLE, Lane,
     ThreadList,
 };
+use core::alloc::Layout;
+use core::ptr::NonNull;
 use core::ptr::{self, null_mut};
-use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 
 /// The child that owns each tag (tag 0 is the `SystemAllocator`'s).
 static OWNERS: [AtomicPtr<Registration>; MAX_TAGS] =
@@ -66,6 +68,10 @@ static NEXT: AtomicUsize = AtomicUsize::new(1);
 /// Each tag's gate as last computed by [`refresh`] (under the registry lock): the hooks
 /// byte a thread's lane of it gets (see [`gate`]). A thread opening a lane copies it.
 static GATES: [AtomicU8; MAX_TAGS] = [const { AtomicU8::new(CLOSED) }; MAX_TAGS];
+/// Each tag's sampling interval as last computed by [`refresh`]: the shortest of the
+/// intervals of the allocators that sample its lanes' blocks (its owner, the children above
+/// it, the `SystemAllocator`); 0 while none samples.
+static SAMPLE_INTERVALS: [AtomicU64; MAX_TAGS] = [const { AtomicU64::new(0) }; MAX_TAGS];
 
 /// A lane's hooks byte when it is closed.
 const CLOSED: u8 = HOOK_FREE | HOOK_CLOSED;
@@ -113,24 +119,55 @@ pub(crate) fn serves(hooks: u8) -> bool {
     hooks & HOOK_FREE == 0
 }
 
-/// The gate of a lane owned by `owner` (see [`gate`]).
-fn compute_gate(owner: &'static Registration) -> u8 {
+/// The gate of a lane owned by `owner` (see [`gate`]) and its sampling interval (0: none).
+fn compute_gate(owner: &'static Registration) -> (u8, u64) {
     let system = records::global::thread_hooks();
     if system & (HOOK_ALLOC | HOOK_FREE) != 0 {
         // The `SystemAllocator` records every block (or may hold records of any).
-        return CLOSED;
+        return (CLOSED, 0);
     }
     let mut gate = system & (HOOK_SAMPLE | HOOK_FREE_SAMPLED);
+    let mut interval = records::global::sample_interval().unwrap_or(u64::MAX);
     for r in chain(owner) {
         if r.budget().is_set() {
-            return CLOSED;
+            return (CLOSED, 0);
         }
-        match records::global::child_lane_hooks(r.records().word()) {
+        let word = r.records().word();
+        match records::global::child_lane_hooks(word) {
             Some(hooks) => gate |= hooks,
-            None => return CLOSED,
+            None => return (CLOSED, 0),
+        }
+        if let Some(own) = records::global::sampling_interval(word) {
+            interval = interval.min(own);
         }
     }
-    gate
+    let interval = if gate & HOOK_SAMPLE != 0 { interval } else { 0 };
+    (gate, interval)
+}
+
+/// The interval at which lanes of `tag` sample (see [`SAMPLE_INTERVALS`]), if they do.
+pub(crate) fn sample_interval(tag: Tag) -> Option<u64> {
+    let interval = SAMPLE_INTERVALS.get(usize::from(tag))?.load(Relaxed);
+    (interval != 0).then_some(interval)
+}
+
+/// Records a block a lane of `tag` sampled at mean `interval`, for every allocator that
+/// samples it: the lane's owner and the children above it that sample, and the
+/// `SystemAllocator` if it samples. Each keeps an unbiased estimate whatever its own
+/// interval: a block sampled at the shortest interval is weighed at that interval.
+pub(crate) fn record_sampled(
+    tag: Tag,
+    ptr: NonNull<u8>,
+    layout: Layout,
+    granted: usize,
+    interval: u64,
+) {
+    if let Some(owner) = owner(tag) {
+        for r in chain(owner) {
+            records::record_sampled(r, ptr, layout, granted, interval);
+        }
+    }
+    records::record_sampled(&SYSTEM, ptr, layout, granted, interval);
 }
 
 /// Gives `registration` (a child whose chain of parents ends at the `SystemAllocator`) a
@@ -185,7 +222,9 @@ pub(crate) fn claim(registration: &'static Registration) {
 pub(crate) fn refresh() {
     let threads = thread_cache::lock_threads();
     for (index, gate) in GATES.iter().enumerate().take(end()).skip(1) {
-        gate.store(owner(index as Tag).map_or(CLOSED, compute_gate), Relaxed);
+        let (hooks, interval) = owner(index as Tag).map_or((CLOSED, 0), compute_gate);
+        SAMPLE_INTERVALS[index].store(interval, Relaxed);
+        gate.store(hooks, Relaxed);
     }
     threads.apply_lane_gates();
 }

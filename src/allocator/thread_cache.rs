@@ -37,7 +37,6 @@ use super::{lanes, thread_pointer};
 use crate::config;
 use crate::os::OsAllocator;
 use crate::records;
-use crate::registry::SYSTEM;
 use crate::schema::HphaSchema;
 use crate::schema::hpha::Tag;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
@@ -1078,7 +1077,7 @@ unsafe fn lane_allocate_hooked(
                 lane.add_requested(layout.size());
             }
             if let Some(interval) = sampled {
-                records::record_sampled(&SYSTEM, ptr, layout, class_size(class), interval);
+                lanes::record_sampled(tag, ptr, layout, class_size(class), interval);
             }
         }
         Some(p)
@@ -1410,7 +1409,11 @@ impl ThreadCache {
         count: u64,
         until: u64,
     ) -> SampleCharge {
-        let Some(interval) = records::global::sample_interval() else {
+        let interval = match lane.tag() {
+            0 => records::global::sample_interval(),
+            tag => lanes::sample_interval(tag),
+        };
+        let Some(interval) = interval else {
             return SampleCharge::General; // the mode is changing: the hooks follow
         };
         let mut rng = self.sample_rng.get();

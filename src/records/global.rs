@@ -94,18 +94,31 @@ pub(crate) fn thread_hooks() -> u8 {
 }
 
 /// What a child's records settings `word` ask of its lane of the thread caches (see
-/// `crate::allocator::lanes`): `None` if it must close (records on, or records of any
-/// block may exist), else the hooks it needs ([`HOOK_FREE_SAMPLED`] while sampled records
-/// may exist, which the sample filter answers).
+/// `crate::allocator::lanes`): `None` if it must close (records of every block, now or
+/// earlier, or the environment not read yet), else the hooks it needs: [`HOOK_SAMPLE`]
+/// while it samples (the lane's per-class countdowns choose the sampled blocks, as lane 0's
+/// do for the `SystemAllocator`) and [`HOOK_FREE_SAMPLED`] while sampled records may exist
+/// (the sample filter answers a free).
 pub(crate) fn child_lane_hooks(word: u64) -> Option<u8> {
-    if word & (super::ALLOC_HOOK | super::TRACK_ALL) != 0 {
+    if word & (super::PENDING_ENV | super::TRACK_ALL) != 0 {
         return None;
     }
-    Some(if word & super::TRACK_SAMPLED != 0 {
+    let sampled_frees = if word & super::TRACK_SAMPLED != 0 {
         HOOK_FREE_SAMPLED
     } else {
         0
-    })
+    };
+    match word & super::KIND_MASK {
+        0 => Some(sampled_frees),
+        KIND_SAMPLE => Some(HOOK_SAMPLE | HOOK_FREE_SAMPLED),
+        _ => None,
+    }
+}
+
+/// The mean sample interval of an allocator whose records settings are `word`, if it
+/// samples.
+pub(crate) fn sampling_interval(word: u64) -> Option<u64> {
+    (word & super::ALLOC_HOOK == KIND_SAMPLE).then_some(word >> 16)
 }
 
 /// Whether a sampled record may exist for the block at `ptr` (false: certainly not).
@@ -117,8 +130,7 @@ pub(crate) fn maybe_sampled(ptr: *mut u8) -> bool {
 /// The mean sample interval in bytes, if the `SystemAllocator` only samples.
 #[inline]
 pub(crate) fn sample_interval() -> Option<u64> {
-    let word = SYSTEM.records().word();
-    (word & super::ALLOC_HOOK == KIND_SAMPLE).then_some(word >> 16)
+    sampling_interval(SYSTEM.records().word())
 }
 
 /// A seed for a thread's sample countdowns, from the clock and something thread-specific
