@@ -768,8 +768,9 @@ unsafe fn dealloc_any(ptr: *mut u8, layout: Layout) {
 
 /// A block of `tag` (not 0) for `layout`, zeroed or not, counted in the `SystemAllocator`'s
 /// figures and recorded if it records: the bottom of a child's general path (a child whose
-/// lane is closed, or a large block). Small blocks come from the tag's heap, large ones
-/// carry the tag in their header, so a free through the global allocator finds the child.
+/// lane is closed, or a large block). Small blocks come from the tag's lane on this thread,
+/// uncounted there (or from the tag's heap when the thread has no lane), large ones carry
+/// the tag in their header, so a free through the global allocator finds the child.
 pub(crate) fn allocate_for_tag(layout: Layout, tag: Tag, zeroed: bool) -> Option<Allocation> {
     let block = allocate_for_tag_unrecorded(layout, tag, zeroed)?;
     records::after_alloc(&SYSTEM, block.ptr, layout, block.size);
@@ -781,8 +782,14 @@ fn allocate_for_tag_unrecorded(layout: Layout, tag: Tag, zeroed: bool) -> Option
     thread_cache::apply_environment_once();
     match class_for(layout.size(), layout.align()) {
         Some(class) => {
-            let p = HEAP.small_heap_of(tag)?.allocate(class, HEAP.source());
-            HEAP.after_slow_path();
+            let p = match thread_cache::allocate_uncounted(tag, class) {
+                Some(p) => p,
+                None => {
+                    let p = HEAP.small_heap_of(tag)?.allocate(class, HEAP.source());
+                    HEAP.after_slow_path();
+                    p
+                }
+            };
             let ptr = NonNull::new(p)?;
             thread_cache::count_unlaned(class, true);
             let size = class_size(class);
@@ -836,11 +843,13 @@ unsafe fn deallocate_for_tag_unrecorded(ptr: NonNull<u8>, layout: Layout, tag: T
     unsafe {
         match class_for(layout.size(), layout.align()) {
             Some(class) => {
-                let Some(small) = HEAP.small_heap_of(tag) else {
-                    crate::fatal::fatal!("free of {:p}: tag {} has no heap", ptr.as_ptr(), tag)
-                };
-                small.free(ptr.as_ptr(), class, HEAP.stamp());
-                HEAP.after_slow_path();
+                if !thread_cache::free_uncounted(tag, ptr.as_ptr(), class) {
+                    let Some(small) = HEAP.small_heap_of(tag) else {
+                        crate::fatal::fatal!("free of {:p}: tag {} has no heap", ptr.as_ptr(), tag)
+                    };
+                    small.free(ptr.as_ptr(), class, HEAP.stamp());
+                    HEAP.after_slow_path();
+                }
                 thread_cache::count_unlaned(class, false);
                 class_size(class)
             }

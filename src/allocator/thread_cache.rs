@@ -1314,6 +1314,59 @@ pub(crate) unsafe fn small_block_tag(ptr: *mut u8) -> Tag {
     unsafe { segment_tag(ptr) }
 }
 
+/// A small block of `class` for the general path of the child of `tag` (its lane is closed,
+/// for records of every block or a budget): taken from this thread's lane of the tag (its
+/// bins hold the tag's blocks) but not counted there, since the general path counts it in
+/// the child's shards. `None` when this thread has no usable lane (a cache not live, no
+/// memory for a lane); `Some(null)` when out of memory. The `SystemAllocator`'s share is
+/// the caller's to count ([`count_unlaned`]).
+///
+/// A lane's counts move by one and back here, so a snapshot taken in between, or a
+/// publication by the refill, may see the block in the lane for a moment: within the
+/// figures' documented tolerance, and put right by the next publication.
+#[inline]
+pub(crate) fn allocate_uncounted(tag: Tag, class: usize) -> Option<*mut u8> {
+    with_cache(|tc| {
+        if tc.state.get() != STATE_ACTIVE {
+            return None;
+        }
+        let lane = tc.lane_set_up(tag)?;
+        // SAFETY: the owning thread, a lane of it, a valid class; the allocation just counted
+        // is taken back.
+        unsafe {
+            let p = tc.allocate(lane, class);
+            if !p.is_null() {
+                lane.uncount_allocation(class);
+            }
+            Some(p)
+        }
+    })
+}
+
+/// Frees a small block of `tag` for the child's general path into this thread's lane of the
+/// tag without counting it there (see [`allocate_uncounted`]); `false` when this thread has
+/// no usable lane.
+///
+/// # Safety
+/// `ptr` is a live small block of `class` in a segment of `tag`, which becomes free.
+#[inline]
+pub(crate) unsafe fn free_uncounted(tag: Tag, ptr: *mut u8, class: usize) -> bool {
+    with_cache(|tc| {
+        if tc.state.get() != STATE_ACTIVE {
+            return false;
+        }
+        let Some(lane) = tc.lane_set_up(tag) else {
+            return false;
+        };
+        // SAFETY: forwarded from the caller; the free just counted is taken back.
+        unsafe {
+            tc.free(lane, ptr, class);
+            lane.uncount_free(class);
+        }
+        true
+    })
+}
+
 /// Counts a small block of `class` taken from (`allocated`) or given back to a tag's heap
 /// without a lane, in the `SystemAllocator`'s figures (see `SystemAllocator`'s tagged
 /// paths): the counts every lane's blocks go to when their thread exits.

@@ -341,6 +341,35 @@ impl Lane {
         n.store(n.load(Relaxed) + 1, Relaxed);
     }
 
+    /// Takes back the count of an allocation just made from this lane, the block staying
+    /// out of the bin: a tag's general path took it, which counts it elsewhere (see
+    /// `thread_cache::allocate_uncounted`). The bin's count stays right (see [`Bin::full_at`]).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`; an allocation of `class` was just counted here.
+    pub(super) unsafe fn uncount_allocation(&self, class: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let n = &self.slots.get_unchecked(class).allocations;
+            n.store(n.load(Relaxed) - 1, Relaxed);
+            self.bin(class).full_at += 1;
+        }
+    }
+
+    /// Takes back the count of a free just made into this lane (see
+    /// [`uncount_allocation`](Self::uncount_allocation)).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`; a free of `class` was just counted here.
+    pub(super) unsafe fn uncount_free(&self, class: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let n = &self.slots.get_unchecked(class).frees;
+            n.store(n.load(Relaxed) - 1, Relaxed);
+            self.bin(class).full_at -= 1;
+        }
+    }
+
     /// The class's net frees on this thread (frees minus allocations, wrapping).
     #[inline(always)]
     pub(super) fn net_frees(&self, class: usize) -> i64 {
