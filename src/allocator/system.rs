@@ -82,10 +82,12 @@ impl SystemAllocator {
         thread_cache::flush_current_thread();
     }
 
-    /// Returns free memory to the OS: the calling thread's cached blocks, then empty pages,
-    /// segments and chunks, and the pages inside large free blocks.
+    /// Returns free memory to the OS: the calling thread's cached blocks and those exited
+    /// threads left for the next ones, then empty pages, segments and chunks, and the pages
+    /// inside large free blocks.
     pub fn garbage_collect(&self) {
         thread_cache::flush_current_thread();
+        thread_cache::flush_parked();
         HEAP.garbage_collect();
     }
 

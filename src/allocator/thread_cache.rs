@@ -28,10 +28,12 @@
 
 mod dynamic;
 mod lane;
+mod parked;
 
 use dynamic::{DynamicLanes, LanePool};
 pub(crate) use lane::Lane;
 use lane::{CLOSED, OPEN, bin_limit, freeing_limit};
+use parked::Parked;
 
 use super::{lanes, thread_pointer};
 use crate::config;
@@ -465,6 +467,8 @@ impl ThreadCache {
             unsafe { self.system().set_limit(class, freeing_limit(class) as i32) };
         }
         let mut list = THREADS.lock();
+        // SAFETY: this thread's lane 0, its limits set and its bins empty; the lock is held.
+        unsafe { list.adopt(0, self.system()) };
         self.prev.store(null_mut(), Relaxed);
         self.next.store(list.head, Relaxed);
         if !list.head.is_null() {
@@ -498,8 +502,16 @@ impl ThreadCache {
     /// The owning thread is exiting (or gone, in a forked child); `list` is the locked
     /// registry containing this cache.
     unsafe fn retire(&self, list: &mut ThreadList) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.flush_all() };
+        // Each lane's bins are parked whole for the next thread of that tag, or, with no room
+        // left, given back to the heap.
+        for (tag, lane) in self.used_lanes() {
+            // SAFETY: forwarded from the caller: the owner is exiting, the lock is held.
+            unsafe {
+                if !list.park(tag, lane) {
+                    lane.flush();
+                }
+            }
+        }
         self.state.set(STATE_DEAD);
         for (tag, lane) in self.used_lanes().skip(1) {
             lanes::absorb(tag, lane, list);
@@ -569,6 +581,8 @@ impl ThreadCache {
             // SAFETY: owning thread; the lane is unused, so its bins are empty.
             unsafe { lane.set_limit(class, freeing_limit(class) as i32) };
         }
+        // SAFETY: this thread's lane, set up with its limits and empty bins; the lock is held.
+        unsafe { list.adopt(tag, lane) };
         if index < LANES {
             self.lanes_used.fetch_or(1 << index, Relaxed);
         } else {
@@ -646,6 +660,8 @@ pub(crate) struct ThreadList {
     count: usize,
     /// Lanes made on demand that no thread uses now (see `dynamic`).
     pool: LanePool,
+    /// Bins of exited threads, for the next threads (see `parked`).
+    parked: Parked,
 }
 // SAFETY: the list only links TLS caches that unregister (under its lock) before their
 // thread's TLS goes away.
@@ -655,6 +671,7 @@ static THREADS: TicketLock<ThreadList> = TicketLock::new(ThreadList {
     head: null_mut(),
     count: 0,
     pool: LanePool::new(),
+    parked: Parked::new(),
 });
 
 /// Counts of exited threads and of threads running without a cache.
@@ -1736,6 +1753,12 @@ pub(crate) fn lock_threads() -> LockedThreads {
 /// Number of threads with a registered cache.
 pub(crate) fn registered_threads() -> usize {
     THREADS.lock().count
+}
+
+/// Gives the blocks exited threads parked for the next ones back to the heap (see
+/// `parked`), before a `garbage_collect`.
+pub(crate) fn flush_parked() {
+    THREADS.lock().flush_parked();
 }
 
 /// Gives the calling thread's cached blocks back to the heap (e.g. before a measurement or
