@@ -34,6 +34,7 @@ tagalloc::allocator!(Sparks: thread_pool of SystemAllocator, "a thread pool used
 tagalloc::allocator!(Events: pool of SystemAllocator, "a pool used in a scope");
 tagalloc::allocator!(Other: child of SystemAllocator, "a handle used in a scope");
 tagalloc::allocator!(Late: child of SystemAllocator, "freed after the thread's cache retired");
+tagalloc::allocator!(Changing: child of SystemAllocator, "settings changed while in use");
 
 /// Live blocks, granted and requested bytes of a snapshot.
 fn live(st: &AllocatorStats) -> (usize, usize, Option<usize>) {
@@ -466,6 +467,65 @@ fn tagged_blocks_freed_by_a_thread_without_a_live_cache_go_back_to_their_tag() {
     let again: Vec<Vec<u8>> = Late.scope(|| (0..300).map(|i| vec![0u8; 8 + i * 7]).collect());
     drop(again);
     assert_eq!(live(&Late.stats()), live(&start));
+}
+
+/// Threads allocate and free inside a tag while another thread keeps changing the tag's
+/// records mode and budget (which open and close its lanes under them): every block is
+/// counted once, and the figures return exactly to the start.
+#[test]
+fn a_tag_in_use_while_its_records_and_budget_change_stays_exact() {
+    use std::sync::atomic::AtomicBool;
+    fn quiet(_: &tagalloc::BudgetEvent) {}
+    Changing::registration().budget().set_hook(quiet);
+    let start = Changing.stats();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let stop = &stop;
+        let workers: Vec<_> = (0..3)
+            .map(|t| {
+                s.spawn(move || {
+                    let _tag = Changing.enter();
+                    let mut kept: Vec<Vec<u8>> = Vec::new();
+                    let mut i = 0usize;
+                    while !stop.load(Ordering::Relaxed) || i < 20_000 {
+                        kept.push(vec![t as u8; 8 + (i * 37) % 6000]);
+                        if kept.len() > 64 {
+                            kept.swap_remove(i % 64);
+                        }
+                        i += 1;
+                    }
+                    i
+                })
+            })
+            .collect();
+        let modes = [
+            tagalloc::RecordMode::sample(),
+            tagalloc::RecordMode::Off,
+            tagalloc::RecordMode::Basic,
+            tagalloc::RecordMode::Off,
+        ];
+        for round in 0..40 {
+            Changing.set_records(modes[round % modes.len()]);
+            let budget = if round % 3 == 0 { None } else { Some(64 << 20) };
+            let mode = if round % 2 == 0 {
+                BudgetMode::Warn
+            } else {
+                BudgetMode::Fail
+            };
+            Changing.set_budget(budget, mode);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in workers {
+            assert!(w.join().unwrap() >= 20_000);
+        }
+    });
+    Changing.set_budget(None, BudgetMode::Warn);
+    Changing.set_records(tagalloc::RecordMode::Off);
+    let end = Changing.stats();
+    assert_eq!(live(&end), live(&start));
+    assert_eq!(end.allocations - start.allocations, end.frees - start.frees);
+    assert_eq!(end.budget_failures, 0);
 }
 
 #[test]
