@@ -1,10 +1,12 @@
 //! Scoped tags (`src/scope.rs`): with tagalloc as the global allocator, a thread that enters a
 //! child's tag allocates through that child, std containers included, and every block keeps
 //! its tag until it is freed, wherever and whenever that happens. Each test uses tags of its
-//! own, so the tests can run side by side.
+//! own, so the tests can run side by side. Blocks a test only counts go through `black_box`:
+//! an optimised build may otherwise leave out an allocation nothing reads.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hint::black_box;
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, mpsc};
@@ -297,7 +299,7 @@ fn a_warn_budget_tells_its_hook_about_scoped_allocations() {
     }
     Watched.set_budget(Some(10_000), BudgetMode::Warn);
     Watched::registration().budget().set_hook(hook);
-    let v = Watched.scope(|| vec![0u8; 50_000]);
+    let v = Watched.scope(|| black_box(vec![0u8; 50_000]));
     assert!(TOLD.load(Ordering::Relaxed) >= 1);
     assert_eq!(Watched.stats().live_blocks, 1);
     drop(v);
@@ -372,7 +374,7 @@ fn a_bound_closure_enters_its_tag_on_the_thread_that_runs_it() {
     let barrier = Arc::new(Barrier::new(2));
     let b = Arc::clone(&barrier);
     let worker = std::thread::spawn(Bound.bind(move || {
-        let held = vec![0u8; 4000];
+        let held = black_box(vec![0u8; 4000]);
         b.wait(); // counted while alive
         b.wait();
         held.len()
@@ -387,7 +389,7 @@ fn a_bound_closure_enters_its_tag_on_the_thread_that_runs_it() {
 #[test]
 fn a_child_without_requested_bytes_can_be_entered() {
     let start = Lean.stats();
-    let v = Lean.scope(|| vec![0u16; 500]);
+    let v = Lean.scope(|| black_box(vec![0u16; 500]));
     let st = Lean.stats();
     assert_eq!(st.live_blocks, start.live_blocks + 1);
     assert_eq!(st.live_requested_bytes, None);
