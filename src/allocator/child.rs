@@ -399,8 +399,13 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     #[inline(never)]
     fn account_exact(&self, block: Allocation, layout: Layout, tag: Tag) -> Option<Allocation> {
         let counters = self.counters();
-        let live = counters.add_granted(block.size);
+        let mut live = counters.add_granted(block.size);
         let settings = self.registration().budget().settings();
+        if lanes::at_ceiling(counters, settings, live) {
+            // A lane below may still hold a block it took as its gate closed: counted first.
+            lanes::settle(counters);
+            live = counters.published_live();
+        }
         if settings.exceeded_by(live) && !self.over_budget(settings, live, block.size, true) {
             counters.undo_granted(block.size);
             // SAFETY: the parent just gave us this block of `tag` for `layout`.
@@ -408,6 +413,9 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
             return None;
         }
         counters.commit_allocation(layout.size(), live);
+        if counters.lanes_closed_for_budget() {
+            lanes::maybe_reopen(self.registration());
+        }
         Some(block)
     }
 
@@ -680,10 +688,13 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
         if !settings.enforced() {
             return false;
         }
-        let live = self
-            .counters()
-            .exact_live_granted()
-            .saturating_add(layout.size());
+        let counters = self.counters();
+        let mut live = counters.exact_live_granted().saturating_add(layout.size());
+        if settings.exceeded_by(live) && counters.lanes_below().is_some() {
+            // Lanes below may hold frees not yet published: counted before refusing.
+            lanes::settle(counters);
+            live = counters.published_live().saturating_add(layout.size());
+        }
         settings.exceeded_by(live) && !self.over_budget(settings, live, layout.size(), true)
     }
 
@@ -956,8 +967,11 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     fn count_free_slow(self, granted: usize, requested: usize) {
         // Normally registered by its allocation already; cheap if so.
         self.registration().register();
-        self.counters()
-            .count_free(self.registration().budget(), granted, requested);
+        let counters = self.counters();
+        counters.count_free(self.registration().budget(), granted, requested);
+        if counters.lanes_closed_for_budget() {
+            lanes::maybe_reopen(self.registration());
+        }
     }
 
     /// Resizes through the parent, recounts the block and moves its record. A small block

@@ -48,11 +48,12 @@
 use crate::records;
 use crate::registry::{Registration, SYSTEM};
 use crate::schema::hpha::size_class::CLASS_COUNT;
+use crate::schema::hpha::size_class::class_size;
 use crate::schema::hpha::{MAX_TAGS, Tag};
 use crate::stats::{Counters, Registry, ShardSum};
 use crate::thread_cache::{
-    self, CHILD_LANES, HOOK_ALLOC, HOOK_CLOSED, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_SAMPLE, Lane,
-    ThreadList,
+    self, CHILD_LANES, HOOK_ALLOC, HOOK_BUDGET, HOOK_CLOSED, HOOK_FREE, HOOK_FREE_SAMPLED,
+    HOOK_SAMPLE, Lane, ThreadList,
 };
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -120,6 +121,8 @@ pub(crate) fn serves(hooks: u8) -> bool {
 }
 
 /// The gate of a lane owned by `owner` (see [`gate`]) and its sampling interval (0: none).
+/// Called by [`refresh`], under the thread registry's lock, once it decided which budgets
+/// are far.
 fn compute_gate(owner: &'static Registration) -> (u8, u64) {
     let system = records::global::thread_hooks();
     if system & (HOOK_ALLOC | HOOK_FREE) != 0 {
@@ -130,7 +133,12 @@ fn compute_gate(owner: &'static Registration) -> (u8, u64) {
     let mut interval = records::global::sample_interval().unwrap_or(u64::MAX);
     for r in chain(owner) {
         if r.budget().is_set() {
-            return (CLOSED, 0);
+            // Open under the budget while it is far (see `refresh`), and nothing samples:
+            // both would drive the same marks.
+            if r.counters().lanes_closed_for_budget() {
+                return (CLOSED, 0);
+            }
+            gate |= HOOK_BUDGET;
         }
         let word = r.records().word();
         match records::global::child_lane_hooks(word) {
@@ -141,8 +149,122 @@ fn compute_gate(owner: &'static Registration) -> (u8, u64) {
             interval = interval.min(own);
         }
     }
+    if gate & HOOK_BUDGET != 0 && gate & HOOK_SAMPLE != 0 {
+        return (CLOSED, 0);
+    }
     let interval = if gate & HOOK_SAMPLE != 0 { interval } else { 0 };
     (gate, interval)
+}
+
+// ---- Budgets on open lanes ----
+//
+// A lane stays open under a budget of its owner or of a child above it while the budget is
+// *far*: its live figure, as published, plus the most every thread's lanes can hold
+// unpublished, is within the limit. Each class of such a lane lets at most
+// [`BUDGET_CLASS_SLACK`] bytes of allocations through between two checkpoints (the class's
+// mark), and a checkpoint publishes the class's bytes: a thread's lane holds at most that per
+// class unpublished, so no allocation through an open lane can take the budget over its
+// limit, and no budget decision needs more than the published figure. Near the limit the
+// lanes close (publishing everything), and every call takes the general path, which checks
+// the budget exactly at each call as before; a general-path call that finds the budget far
+// again (by twice the margin, so that lanes do not flap) opens them again.
+
+/// Bytes of one class a lane under a budget allocates between two checkpoints, at most (and
+/// one block at least).
+const BUDGET_CLASS_SLACK: usize = 2048;
+/// The most a thread's lane under a budget holds unpublished, over every class.
+const BUDGET_LANE_SLACK: usize = CLASS_COUNT * BUDGET_CLASS_SLACK;
+
+/// Whether `r`'s budget is far from its limit, with `threads` live threads: live bytes as
+/// published plus each thread's slack (twice that when its lanes were closed for being
+/// near, so that they reopen only with room to spare) stay within the limit.
+fn budget_far(r: &'static Registration, threads: usize, reopening: bool) -> bool {
+    let Some(limit) = r.budget().settings().limit() else {
+        return true;
+    };
+    let margin = threads
+        .max(1)
+        .saturating_mul(BUDGET_LANE_SLACK)
+        .saturating_mul(if reopening { 2 } else { 1 });
+    r.counters().published_live().saturating_add(margin) <= limit
+}
+
+/// A checkpoint of a lane of `tag` under a budget, for a class-`class` allocation: publishes
+/// the lane's unpublished bytes of that class into the shared figures above it, then, if
+/// every budget above is still far, returns how many blocks of the class may go through
+/// before the next checkpoint. `None`: a budget is near, the lanes close, and the caller
+/// takes the general path. Called by the lane's owning thread.
+pub(crate) fn budget_checkpoint(tag: Tag, lane: &Lane, class: usize) -> Option<u64> {
+    let owner = owner(tag)?;
+    // Published without the peaks first: the caller's block is in these bytes, and stays
+    // only if every budget is far.
+    let bytes = lane.take_unpublished(class);
+    if bytes != 0 {
+        for r in chain(owner) {
+            r.counters().publish_granted_unpeaked(bytes);
+        }
+    }
+    let threads = thread_cache::registered_threads_hint();
+    let near = chain(owner).find(|r| r.budget().is_set() && !budget_far(r, threads, false));
+    if let Some(r) = near {
+        r.counters().set_lanes_closed_for_budget(true);
+        refresh();
+        return None;
+    }
+    if (bytes as isize) > 0 {
+        for r in chain(owner) {
+            let live = r.counters().published_live();
+            r.counters()
+                .peak_after_publication(live, Registry::Unlocked);
+        }
+    }
+    Some((BUDGET_CLASS_SLACK / class_size(class)).max(1) as u64)
+}
+
+/// Bytes a thread's lane can hold unpublished once its gate closed: the block it was taking
+/// as the gate changed (at most the largest small class).
+const CLOSING_SLACK: usize = crate::schema::hpha::MAX_SMALL;
+
+/// Whether a budget decision of the allocator with `counters` at `live` bytes (its shared
+/// figure with the new block) is close enough to the limit in `settings` that lanes below
+/// it may hold what tips it: then [`settle`] first.
+#[inline]
+pub(crate) fn at_ceiling(
+    counters: &Counters,
+    settings: crate::budget::BudgetSettings,
+    live: usize,
+) -> bool {
+    let Some(limit) = settings.limit() else {
+        return false;
+    };
+    let slack = thread_cache::registered_threads_hint()
+        .max(1)
+        .saturating_mul(CLOSING_SLACK);
+    live.saturating_add(slack) > limit && counters.lanes_below().is_some()
+}
+
+/// Publishes every thread's lanes below the allocator with `counters`, under the thread
+/// registry's lock: its shared figure then holds every block of theirs (a block a lane was
+/// taking while its gate closed included, once taken).
+#[cold]
+#[inline(never)]
+pub(crate) fn settle(counters: &Counters) {
+    if let Some(tags) = counters.lanes_below() {
+        let threads = thread_cache::lock_threads();
+        publish_all(&threads, &tags);
+    }
+}
+
+/// On a budgeted allocator's general path: if its lanes were closed for being near the
+/// limit and it is far again (see [`budget_far`]), opens them.
+#[cold]
+#[inline(never)]
+pub(crate) fn maybe_reopen(r: &'static Registration) {
+    if r.counters().lanes_closed_for_budget()
+        && budget_far(r, thread_cache::registered_threads_hint(), true)
+    {
+        refresh();
+    }
 }
 
 /// The interval at which lanes of `tag` sample (see [`SAMPLE_INTERVALS`]), if they do.
@@ -220,13 +342,41 @@ pub(crate) fn claim(registration: &'static Registration) {
 /// Recomputes the lanes' gates and writes them into every thread's cache. Called after a
 /// budget or a records setting changed, and when a tag is handed out.
 pub(crate) fn refresh() {
+    // Every budget's figure made exact first (its shards published, once), then, under the
+    // registry lock, the lanes below it published: `compute_gate` reads the shared figures.
+    let budgeted = || {
+        (1..end())
+            .filter_map(|tag| owner(tag as Tag))
+            .flat_map(chain)
+            .filter(|r| r.budget().is_set())
+    };
+    for r in budgeted() {
+        r.counters().make_exact();
+    }
     let threads = thread_cache::lock_threads();
+    for r in budgeted() {
+        if let Some(lanes_below) = r.counters().lanes_below() {
+            publish_all(&threads, &lanes_below);
+        }
+    }
+    // Which budgets are far (each once, whatever number of tags it is above).
+    for r in budgeted() {
+        let was_closed = r.counters().lanes_closed_for_budget();
+        let far = budget_far(r, threads.len(), was_closed);
+        r.counters().set_lanes_closed_for_budget(!far);
+    }
     for (index, gate) in GATES.iter().enumerate().take(end()).skip(1) {
         let (hooks, interval) = owner(index as Tag).map_or((CLOSED, 0), compute_gate);
         SAMPLE_INTERVALS[index].store(interval, Relaxed);
         gate.store(hooks, Relaxed);
     }
     threads.apply_lane_gates();
+    // Once more after the gates changed: what lanes took before they saw their new gate.
+    for r in budgeted() {
+        if let Some(lanes_below) = r.counters().lanes_below() {
+            publish_all(&threads, &lanes_below);
+        }
+    }
 }
 
 /// How far the unpublished granted bytes of a thread's lane, over every class, may go

@@ -167,6 +167,9 @@ pub struct Counters {
     /// Whether some lane's blocks are in this allocator's figures: its own, or those of a
     /// child below it (`lanes::tags_below` says which).
     lanes_below: AtomicBool,
+    /// While the allocator has a budget: whether the lanes below it are closed because the
+    /// budget is near its limit (see `lanes`, "Budgets on open lanes").
+    lanes_closed_for_budget: AtomicBool,
     /// Live threads whose shard may hold back a free of a block bigger than
     /// [`HOLD_FREE_BYTES`](shard::HOLD_FREE_BYTES) (see [`Registry`] and the module docs).
     /// While this is not zero, a publication that would raise the peak first settles those
@@ -301,6 +304,7 @@ impl Counters {
             lane: AtomicUsize::new(0),
             tag: AtomicU32::new(TAG_UNCLAIMED),
             lanes_below: AtomicBool::new(false),
+            lanes_closed_for_budget: AtomicBool::new(false),
             big_holders: AtomicU32::new(0),
             requested_unknown: AtomicBool::new(false),
         }
@@ -356,6 +360,40 @@ impl Counters {
     /// Includes a lane in this allocator's figures from now on (its own, or a child's).
     pub(crate) fn add_lane_below(&self) {
         self.lanes_below.store(true, Relaxed);
+    }
+
+    /// The tags of the lanes in this allocator's figures, if any.
+    pub(crate) fn lanes_below(&self) -> Option<lanes::TagSet> {
+        self.lanes_below
+            .load(Relaxed)
+            .then(|| lanes::tags_below(self))
+    }
+
+    /// Whether the lanes below this budgeted allocator are closed for being near its limit.
+    #[inline]
+    pub(crate) fn lanes_closed_for_budget(&self) -> bool {
+        self.lanes_closed_for_budget.load(Relaxed)
+    }
+
+    /// Records whether the lanes below are closed for being near the budget's limit (set
+    /// by `lanes::refresh` under the thread registry's lock, and by a checkpoint about to
+    /// refresh).
+    pub(crate) fn set_lanes_closed_for_budget(&self, closed: bool) {
+        self.lanes_closed_for_budget.store(closed, Relaxed);
+    }
+
+    /// The live granted bytes in the shared figure, as published (the lanes' and shards'
+    /// unpublished bytes aside).
+    #[inline]
+    pub(crate) fn published_live(&self) -> usize {
+        non_negative(self.live_granted.load(Relaxed))
+    }
+
+    /// Makes the shared figure hold every shard's bytes from now on (a budget's exact
+    /// route; see [`exact_live_granted`](Self::exact_live_granted)). Takes the thread
+    /// registry's lock the first time: not to be called with it held.
+    pub(crate) fn make_exact(&'static self) {
+        self.prepare_exact();
     }
 
     // ---- The sharded path (children, in the common case) ----
@@ -670,17 +708,30 @@ impl Counters {
     /// live figure, and raises the peak if it grew. While a thread may hold back the free of
     /// a big block, a raise settles such holds first (see [`Registry`]).
     pub(crate) fn publish_granted(&self, delta: usize, registry: Registry<'_>) {
-        // Release: a reader that sees the new total also sees the shard's `taken` advanced.
-        // SeqCst, with the load of `big_holders` below: a thread that starts holding big
-        // frees counts itself there (SeqCst) before its hold starts, so either this load
-        // sees it, or the hold started after this publication.
-        let live = self
-            .live_granted
-            .fetch_add(delta, SeqCst)
-            .wrapping_add(delta);
-        if (delta as isize) <= 0 {
-            return;
+        let live = self.publish_granted_unpeaked(delta);
+        if (delta as isize) > 0 {
+            self.peak_after_publication(live, registry);
         }
+    }
+
+    /// The first half of [`publish_granted`](Self::publish_granted): adds `delta` to the
+    /// shared live figure and returns the new figure, the peak untouched (a budget's
+    /// checkpoint decides first whether the block it published stays).
+    #[inline]
+    pub(crate) fn publish_granted_unpeaked(&self, delta: usize) -> usize {
+        // Release: a reader that sees the new total also sees the shard's `taken` advanced.
+        // SeqCst, with the load of `big_holders` in `peak_after_publication`: a thread that
+        // starts holding big frees counts itself there (SeqCst) before its hold starts, so
+        // either that load sees it, or the hold started after this publication.
+        self.live_granted
+            .fetch_add(delta, SeqCst)
+            .wrapping_add(delta)
+    }
+
+    /// The second half of [`publish_granted`](Self::publish_granted), after a publication
+    /// that raised the shared figure to `live`: raises the peak (settling held frees first
+    /// if some thread holds big ones).
+    pub(crate) fn peak_after_publication(&self, live: usize, registry: Registry<'_>) {
         if self.big_holders.load(SeqCst) == 0 {
             self.raise_peak(live);
         } else if (live as isize) > 0 && live > self.peak_granted.load(Relaxed) {

@@ -48,7 +48,9 @@ use crate::sync::{OnceFlag, TicketGuard, TicketLock};
 use core::alloc::Layout;
 use core::cell::Cell;
 use core::ptr::{self, NonNull, null_mut};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*, fence};
+use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*, fence,
+};
 
 /// Marks the branch that calls it as unlikely (`core::hint::cold_path` on newer compilers):
 /// a call to an empty cold function, which inlining removes but whose weight stays.
@@ -79,6 +81,10 @@ pub(crate) const HOOK_FREE_SAMPLED: u8 = 8;
 /// A child's lane that is closed (see `lanes::gate`): with [`HOOK_FREE`], every call takes
 /// the child's general path.
 pub(crate) const HOOK_CLOSED: u8 = 16;
+/// A child's lane open under a budget (see `lanes`): its allocations take the miss path
+/// every few blocks of a class (the class's mark), which publishes the lane's bytes of that
+/// class and checks the budget's distance before letting the next few through.
+pub(crate) const HOOK_BUDGET: u8 = 64;
 /// Lane 0 only: a scoped tag was entered somewhere in the process, so a small block freed
 /// through the global allocator may be a tag's: the free fast path leaves lane 0 for the
 /// miss path, which reads the block's segment tag (see `crate::scope`). Never cleared.
@@ -268,14 +274,30 @@ impl ThreadCache {
     /// Owning thread; `lane` is one of this cache's lanes; `class < CLASS_COUNT`.
     #[inline(always)]
     unsafe fn allocate(&self, lane: &Lane, class: usize) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.allocate_as::<true>(lane, class) }
+    }
+
+    /// [`allocate`](Self::allocate), counted in the lane (`COUNTED`) or not: a tag's
+    /// general path takes blocks from its lane that it counts elsewhere (see
+    /// [`allocate_uncounted`]); the bin's count stays right either way.
+    ///
+    /// # Safety
+    /// As for [`allocate`](Self::allocate); not `COUNTED` only on a live cache.
+    #[inline(always)]
+    unsafe fn allocate_as<const COUNTED: bool>(&self, lane: &Lane, class: usize) -> *mut u8 {
         // SAFETY: called on the owning thread with a valid class.
         unsafe {
             let bin = lane.bin(class);
             let slot = bin.head;
             if slot.is_null() {
-                return self.allocate_slow(lane, class);
+                return self.allocate_slow::<COUNTED>(lane, class);
             }
-            lane.pop(bin, slot, class)
+            if COUNTED {
+                lane.pop(bin, slot, class)
+            } else {
+                lane.pop_uncounted(bin, slot)
+            }
         }
     }
 
@@ -283,12 +305,12 @@ impl ThreadCache {
     /// while the cache is live (the caller checks); lane 0 also serves dead and new caches.
     #[cold]
     #[inline(never)]
-    unsafe fn allocate_slow(&self, lane: &Lane, class: usize) -> *mut u8 {
+    unsafe fn allocate_slow<const COUNTED: bool>(&self, lane: &Lane, class: usize) -> *mut u8 {
         let small = lane.heap();
         match self.state.get() {
             STATE_DEAD => {
                 let p = small.allocate(class, HEAP.source());
-                if !p.is_null() {
+                if !p.is_null() && COUNTED {
                     ORPHANS.shared_alloc(class);
                 }
                 return p;
@@ -299,7 +321,7 @@ impl ThreadCache {
         if self.state.get() == STATE_DEAD {
             // Registration failed: this thread runs without a cache.
             // SAFETY: same thread, same lane and class.
-            return unsafe { self.allocate_slow(lane, class) };
+            return unsafe { self.allocate_slow::<COUNTED>(lane, class) };
         }
         // SAFETY: owning thread, valid class.
         if unsafe { lane.sizing(class) }.limit < bin_limit(class) as i32 {
@@ -335,11 +357,15 @@ impl ThreadCache {
         // bin is empty here, so the rest becomes the bin and the count starts again.
         unsafe {
             bin.head = (*head).next;
-            lane.owner_alloc(class);
+            if COUNTED {
+                lane.owner_alloc(class);
+            }
             lane.set_count(class, 0);
             mark_allocated(head.cast());
         }
-        self.after_lane_slow_path(lane, class);
+        if COUNTED {
+            self.after_lane_slow_path(lane, class);
+        }
         head.cast()
     }
 
@@ -375,13 +401,28 @@ impl ThreadCache {
     /// `class`.
     #[inline(always)]
     unsafe fn free(&self, lane: &Lane, ptr: *mut u8, class: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free_as::<true>(lane, ptr, class) }
+    }
+
+    /// [`free`](Self::free), counted in the lane (`COUNTED`) or not (see
+    /// [`allocate_as`](Self::allocate_as)).
+    ///
+    /// # Safety
+    /// As for [`free`](Self::free); not `COUNTED` only on a live cache.
+    #[inline(always)]
+    unsafe fn free_as<const COUNTED: bool>(&self, lane: &Lane, ptr: *mut u8, class: usize) {
         // SAFETY: `ptr` is a live small block of `class` (caller's contract); owning thread.
         unsafe {
             if lane.bin_full(class) {
                 check_free(ptr, class);
-                return self.free_slow(lane, ptr, class);
+                return self.free_slow::<COUNTED>(lane, ptr, class);
             }
-            lane.push(lane.bin(class), ptr, class);
+            if COUNTED {
+                lane.push(lane.bin(class), ptr, class);
+            } else {
+                lane.push_uncounted(lane.bin(class), ptr, class);
+            }
         }
     }
 
@@ -389,7 +430,7 @@ impl ThreadCache {
     /// bin, then takes the block.
     #[cold]
     #[inline(never)]
-    unsafe fn free_slow(&self, lane: &Lane, ptr: *mut u8, class: usize) {
+    unsafe fn free_slow<const COUNTED: bool>(&self, lane: &Lane, ptr: *mut u8, class: usize) {
         let slot: *mut FreeSlot = ptr.cast();
         if self.state.get() == STATE_NEW {
             self.register();
@@ -398,7 +439,9 @@ impl ThreadCache {
             // SAFETY: the block was checked by `free` and is now free and ours.
             unsafe { lane.heap().return_slots(class, slot, 1, HEAP.stamp()) };
             HEAP.after_slow_path();
-            ORPHANS.shared_free(class);
+            if COUNTED {
+                ORPHANS.shared_free(class);
+            }
             return;
         }
         // SAFETY: owning thread, valid class; the slots handed back are free.
@@ -430,9 +473,16 @@ impl ThreadCache {
             let bin = lane.bin(class);
             (*slot).next = bin.head;
             bin.head = slot;
-            lane.owner_free(class);
+            if COUNTED {
+                lane.owner_free(class);
+            } else {
+                // One more block in the bin, counted nowhere here (see `Bin::full_at`).
+                bin.full_at -= 1;
+            }
         }
-        self.after_lane_slow_path(lane, class);
+        if COUNTED {
+            self.after_lane_slow_path(lane, class);
+        }
     }
 
     /// Gives every cached block, in every lane, back to the heap.
@@ -477,6 +527,7 @@ impl ThreadCache {
         }
         list.head = me;
         list.count += 1;
+        REGISTERED.store(list.count, Relaxed);
         // Read under the registry lock: a change of the word made before this is seen here,
         // one made after it is propagated to this cache by `system_records_changed` (and
         // `enable_tags`).
@@ -543,6 +594,7 @@ impl ThreadCache {
             }
         }
         list.count -= 1;
+        REGISTERED.store(list.count, Relaxed);
     }
 }
 
@@ -1083,6 +1135,28 @@ unsafe fn lane_allocate_hooked(
     // SAFETY: the cache is this thread's, live, and the lane open, so its bins and marks
     // are this thread's to refill and draw; the rest is forwarded from the caller.
     unsafe {
+        let hooks = lane.hooks.load(Relaxed);
+        if hooks & HOOK_BUDGET != 0 {
+            // A budget's checkpoint. The block is taken (and counted) first, so that a refill
+            // that blocks comes before the decision, and the published figure the decision
+            // reads already holds it; then this class's bytes are published, and if the
+            // budget is still far, a run of blocks goes through before the next look.
+            let p = tc.allocate(lane, class);
+            if p.is_null() {
+                return Some(p);
+            }
+            let Some(run) = lanes::budget_checkpoint(tag, lane, class) else {
+                tc.free(lane, p, class);
+                lane.forget_pair(class);
+                return None;
+            };
+            let count = lane.slots.get_unchecked(class).allocations.load(Relaxed);
+            tc.set_open_until(lane, class, count.saturating_add(run), hooks);
+            if requested {
+                lane.add_requested(layout.size());
+            }
+            return Some(p);
+        }
         let sampled = match tc.charge_settled(lane, class) {
             SampleCharge::Sampled(interval) => Some(interval),
             SampleCharge::General => return None,
@@ -1338,9 +1412,8 @@ pub(crate) unsafe fn small_block_tag(ptr: *mut u8) -> Tag {
 /// memory for a lane); `Some(null)` when out of memory. The `SystemAllocator`'s share is
 /// the caller's to count ([`count_unlaned`]).
 ///
-/// A lane's counts move by one and back here, so a snapshot taken in between, or a
-/// publication by the refill, may see the block in the lane for a moment: within the
-/// figures' documented tolerance, and put right by the next publication.
+/// The lane's counts do not move: a block counted twice, or published by the lane and
+/// counted by the general path, would be a budget's error.
 #[inline]
 pub(crate) fn allocate_uncounted(tag: Tag, class: usize) -> Option<*mut u8> {
     with_cache(|tc| {
@@ -1348,15 +1421,8 @@ pub(crate) fn allocate_uncounted(tag: Tag, class: usize) -> Option<*mut u8> {
             return None;
         }
         let lane = tc.lane_set_up(tag)?;
-        // SAFETY: the owning thread, a lane of it, a valid class; the allocation just counted
-        // is taken back.
-        unsafe {
-            let p = tc.allocate(lane, class);
-            if !p.is_null() {
-                lane.uncount_allocation(class);
-            }
-            Some(p)
-        }
+        // SAFETY: the owning thread, a live cache, a lane of it, a valid class.
+        Some(unsafe { tc.allocate_as::<false>(lane, class) })
     })
 }
 
@@ -1375,11 +1441,8 @@ pub(crate) unsafe fn free_uncounted(tag: Tag, ptr: *mut u8, class: usize) -> boo
         let Some(lane) = tc.lane_set_up(tag) else {
             return false;
         };
-        // SAFETY: forwarded from the caller; the free just counted is taken back.
-        unsafe {
-            tc.free(lane, ptr, class);
-            lane.uncount_free(class);
-        }
+        // SAFETY: forwarded from the caller; a live cache, a lane of it.
+        unsafe { tc.free_as::<false>(lane, ptr, class) };
         true
     })
 }
@@ -1536,7 +1599,7 @@ impl ThreadCache {
     /// The [`open_until`](lane::ClassSlot::open_until) mark every class starts from when the
     /// records settings are `hooks`.
     fn initial_open_until(hooks: u8) -> u64 {
-        if hooks & (HOOK_ALLOC | HOOK_SAMPLE) == 0 {
+        if hooks & (HOOK_ALLOC | HOOK_SAMPLE | HOOK_BUDGET) == 0 {
             OPEN
         } else {
             CLOSED
@@ -1753,6 +1816,21 @@ pub(crate) fn lock_threads() -> LockedThreads {
 /// Number of threads with a registered cache.
 pub(crate) fn registered_threads() -> usize {
     THREADS.lock().count
+}
+
+/// [`registered_threads`] without the lock: the count as last changed (under it).
+pub(crate) fn registered_threads_hint() -> usize {
+    REGISTERED.load(Relaxed)
+}
+
+/// A copy of the registry's count, for readers that must not take its lock.
+static REGISTERED: AtomicUsize = AtomicUsize::new(0);
+
+impl ThreadList {
+    /// Registered threads.
+    pub(crate) fn len(&self) -> usize {
+        self.count
+    }
 }
 
 /// Gives the blocks exited threads parked for the next ones back to the heap (see

@@ -341,33 +341,18 @@ impl Lane {
         n.store(n.load(Relaxed) + 1, Relaxed);
     }
 
-    /// Takes back the count of an allocation just made from this lane, the block staying
-    /// out of the bin: a tag's general path took it, which counts it elsewhere (see
-    /// `thread_cache::allocate_uncounted`). The bin's count stays right (see [`Bin::full_at`]).
+    /// Takes back one allocation and one free of `class` (a block a budget's checkpoint
+    /// took and gave back: no call of the program's). The net stays, so the bin's count and
+    /// the publication marks do too.
     ///
     /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`; an allocation of `class` was just counted here.
-    pub(super) unsafe fn uncount_allocation(&self, class: usize) {
+    /// Owning thread; `class < CLASS_COUNT`; both were just counted here.
+    pub(super) unsafe fn forget_pair(&self, class: usize) {
         // SAFETY: forwarded from the caller.
-        unsafe {
-            let n = &self.slots.get_unchecked(class).allocations;
-            n.store(n.load(Relaxed) - 1, Relaxed);
-            self.bin(class).full_at += 1;
-        }
-    }
-
-    /// Takes back the count of a free just made into this lane (see
-    /// [`uncount_allocation`](Self::uncount_allocation)).
-    ///
-    /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`; a free of `class` was just counted here.
-    pub(super) unsafe fn uncount_free(&self, class: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            let n = &self.slots.get_unchecked(class).frees;
-            n.store(n.load(Relaxed) - 1, Relaxed);
-            self.bin(class).full_at -= 1;
-        }
+        let slot = unsafe { self.slots.get_unchecked(class) };
+        slot.allocations
+            .store(slot.allocations.load(Relaxed) - 1, Relaxed);
+        slot.frees.store(slot.frees.load(Relaxed) - 1, Relaxed);
     }
 
     /// The class's net frees on this thread (frees minus allocations, wrapping).
@@ -460,6 +445,39 @@ impl Lane {
             mark_allocated(slot.cast());
         }
         slot.cast()
+    }
+
+    /// Takes `slot`, the head of `bin`, for a caller that counts it elsewhere: the lane's
+    /// counts stay, the bin's count drops by one (see [`Bin::full_at`]).
+    ///
+    /// # Safety
+    /// As for [`pop`](Self::pop).
+    #[inline(always)]
+    pub(super) unsafe fn pop_uncounted(&self, bin: &mut Bin, slot: *mut FreeSlot) -> *mut u8 {
+        // SAFETY: forwarded from the caller: `slot` is a free block linked in the bin.
+        unsafe {
+            bin.head = (*slot).next;
+            bin.full_at += 1;
+            mark_allocated(slot.cast());
+        }
+        slot.cast()
+    }
+
+    /// Puts the block at `ptr` at the head of `bin` for a caller that counts the free
+    /// elsewhere: the lane's counts stay, the bin's count grows by one.
+    ///
+    /// # Safety
+    /// As for [`push`](Self::push).
+    #[inline(always)]
+    pub(super) unsafe fn push_uncounted(&self, bin: &mut Bin, ptr: *mut u8, class: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            check_free(ptr, class);
+            let slot: *mut FreeSlot = ptr.cast();
+            (*slot).next = bin.head;
+            bin.head = slot;
+            bin.full_at -= 1;
+        }
     }
 
     /// Puts the block at `ptr` at the head of `bin`.
