@@ -19,6 +19,8 @@
     all(feature = "alloc-mimalloc", feature = "alloc-tracking"),
     all(feature = "alloc-jemalloc", feature = "alloc-tracking"),
     all(feature = "alloc-tagalloc-child", feature = "alloc-tagalloc-scoped"),
+    all(feature = "alloc-tagalloc-child", feature = "alloc-tagalloc-thp"),
+    all(feature = "alloc-tagalloc-scoped", feature = "alloc-tagalloc-thp"),
 ))]
 compile_error!(
     "enable exactly one of the features alloc-tagalloc, alloc-system, alloc-mimalloc, alloc-jemalloc"
@@ -36,12 +38,20 @@ pub const ALL: [&str; 4] = ["tagalloc", "system", "mimalloc", "jemalloc"];
 /// `tagalloc-scoped` is tagalloc with every thread of the workload inside one scoped tag
 /// (`Program.enter()`), and `tracking` its peer: tracking-allocator 0.4 over the system
 /// allocator, every thread inside one allocation group, whose tracker counts live bytes.
-pub const EXTRA: [&str; 3] = ["tagalloc-child", "tagalloc-scoped", "tracking"];
+/// `tagalloc-thp` is tagalloc with transparent huge pages for its small-block heap past
+/// 8 MiB (`TAGALLOC_HUGE_PAGES=auto`), to decide that setting's default by measurement.
+pub const EXTRA: [&str; 4] = [
+    "tagalloc-child",
+    "tagalloc-scoped",
+    "tracking",
+    "tagalloc-thp",
+];
 
 #[cfg(all(
     feature = "alloc-tagalloc",
     not(feature = "alloc-tagalloc-child"),
-    not(feature = "alloc-tagalloc-scoped")
+    not(feature = "alloc-tagalloc-scoped"),
+    not(feature = "alloc-tagalloc-thp")
 ))]
 mod chosen {
     #[global_allocator]
@@ -94,6 +104,29 @@ mod chosen {
     /// Runs `f` inside the tag.
     pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
         Program.scope(f)
+    }
+}
+
+#[cfg(feature = "alloc-tagalloc-thp")]
+mod chosen {
+    #[global_allocator]
+    static GLOBAL: tagalloc::SystemAllocator = tagalloc::SystemAllocator::new();
+
+    pub const NAME: &str = "tagalloc-thp";
+    pub const NOTE: &str = "";
+
+    /// The `SystemAllocator`'s `garbage_collect`, as for plain tagalloc.
+    pub fn trim() -> bool {
+        GLOBAL.garbage_collect();
+        true
+    }
+
+    /// Huge pages on before the workload (its heap is still small then).
+    pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
+        tagalloc::schema::HphaSchema::<tagalloc::os::OsAllocator>::set_huge_pages(
+            tagalloc::config::HugePages::Auto,
+        );
+        f()
     }
 }
 
@@ -266,13 +299,21 @@ pub fn trim() -> bool {
 
 /// Runs `f` as a thread of the workload: inside the tag (`tagalloc-scoped`) or group
 /// (`tracking`) every thread enters; plainly for the other allocators.
-#[cfg(any(feature = "alloc-tagalloc-scoped", feature = "alloc-tracking"))]
+#[cfg(any(
+    feature = "alloc-tagalloc-scoped",
+    feature = "alloc-tracking",
+    feature = "alloc-tagalloc-thp"
+))]
 pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
     chosen::in_thread(f)
 }
 
 /// Runs `f` as a thread of the workload (see the other builds' `in_thread`).
-#[cfg(not(any(feature = "alloc-tagalloc-scoped", feature = "alloc-tracking")))]
+#[cfg(not(any(
+    feature = "alloc-tagalloc-scoped",
+    feature = "alloc-tracking",
+    feature = "alloc-tagalloc-thp"
+)))]
 pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
     f()
 }

@@ -100,6 +100,11 @@ fn ratio_columns(allocs: &[&str]) -> Vec<RatioColumn> {
             under: &["tagalloc"],
         },
         RatioColumn {
+            label: "tagalloc-thp ÷ tagalloc",
+            over: "tagalloc-thp",
+            under: &["tagalloc"],
+        },
+        RatioColumn {
             label: "tagalloc-scoped ÷ tracking",
             over: "tagalloc-scoped",
             under: &["tracking"],
