@@ -225,6 +225,59 @@ impl OsAllocator {
         }
     }
 
+    /// Reserves `len` bytes of address space at an `align`-aligned address (a power of two,
+    /// at least a page), inaccessible and not counted as mapped until parts of it are
+    /// [committed](Self::commit); null if the address space is not there. For areas that
+    /// grow in place inside a fixed range (guarded slots), never released.
+    pub(crate) fn reserve(len: usize, align: usize) -> *mut u8 {
+        let Some(over) = len.checked_add(align) else {
+            return ptr::null_mut();
+        };
+        // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                over,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return ptr::null_mut();
+        }
+        let base = p.cast::<u8>();
+        let start = base.addr().next_multiple_of(align);
+        let head = start - base.addr();
+        Self::raw_unmap(base, head);
+        // SAFETY: `head <= align`, so the aligned start and the tail lie inside the mapping.
+        let aligned = unsafe { base.add(head) };
+        // SAFETY: as above: `head + len <= over`.
+        Self::raw_unmap(unsafe { aligned.add(len) }, over - head - len);
+        aligned
+    }
+
+    /// Makes `[ptr, ptr + len)` of a [reservation](Self::reserve) readable and writable
+    /// (zeroed), counted as mapped; `false` if the kernel refuses (out of memory).
+    ///
+    /// # Safety
+    /// The range is page-aligned, inside a reservation, and not committed yet.
+    pub(crate) unsafe fn commit(ptr: *mut u8, len: usize) -> bool {
+        if Self::take_injected_failure() {
+            FAILED_MAPS.fetch_add(1, Relaxed);
+            return false;
+        }
+        // SAFETY: forwarded from the caller: a page-aligned range of our own reservation.
+        let rc = unsafe { libc::mprotect(ptr.cast(), len, libc::PROT_READ | libc::PROT_WRITE) };
+        if rc != 0 {
+            FAILED_MAPS.fetch_add(1, Relaxed);
+            return false;
+        }
+        Self::note_mapped(len);
+        true
+    }
+
     fn raw_unmap(ptr: *mut u8, len: usize) {
         if len == 0 {
             return;

@@ -6,6 +6,7 @@
 //! schema can be used on its own; the allocators above add statistics, records and
 //! registration.
 
+pub(crate) mod guarded;
 pub mod hpha;
 mod parent;
 pub mod pool;
