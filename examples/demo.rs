@@ -85,7 +85,7 @@ fn main() {
     let moved = pipeline(3, 20_000);
     let index = ordered_index(20_000);
     let kept: usize = index.values().map(Vec::len).sum();
-    let during = GLOBAL.stats();
+    let during = GLOBAL.heap_stats();
     drop(index);
     println!("tagalloc demo: work done in {:.0?}", start.elapsed());
     println!("  most frequent words: {top:?}");
@@ -94,7 +94,7 @@ fn main() {
     drop(top);
 
     GLOBAL.garbage_collect();
-    let after = GLOBAL.stats();
+    let after = GLOBAL.heap_stats();
     let os = tagalloc::os::OsAllocator::stats();
     println!();
     println!("SystemAllocator report");

@@ -11,6 +11,8 @@
 //!   on stable Rust;
 //! - `core::alloc::Allocator` with feature `nightly` (std's `Vec<T, A>`, `Box<T, A>`);
 //! - [`BlockAllocator`], so it can be the parent of another allocator;
+//! - [`TaggedAllocator`](crate::TaggedAllocator): name, statistics, budget and its hook,
+//!   records and garbage collection, the same interface as the `SystemAllocator`'s;
 //! - `GlobalAlloc` for child allocators, so a child can even be the global allocator and
 //!   tag a whole program.
 //!
@@ -206,7 +208,8 @@ pub unsafe fn global_realloc<B: BlockAllocator>(
 /// its parent's.
 ///
 /// The handle gets `Clone, Copy, Debug, Default, PartialEq, Eq, Hash`, the traits listed in
-/// the [module docs](crate::handle), and inherent methods `stats()`, `set_budget()`,
+/// the [module docs](crate::handle) (among them [`TaggedAllocator`](crate::TaggedAllocator),
+/// which generic code uses), and inherent methods `stats()`, `set_budget()`,
 /// `set_records()`, `record_mode()` and `registration()` (pools also `config()` and
 /// `garbage_collect()`).
 ///
@@ -348,6 +351,15 @@ macro_rules! allocator {
                 }
             }
 
+            impl $crate::TaggedAllocator for $name {
+                fn registry_entry(&self) -> &'static $crate::Registration {
+                    &REGISTRATION
+                }
+                fn garbage_collect(&self) {
+                    CORE.garbage_collect(&REGISTRATION);
+                }
+            }
+
             // SAFETY: blocks come from the pool schema, which hands out valid, aligned,
             // unaliased slots of its class size and reports that size.
             unsafe impl $crate::BlockAllocator for $name {
@@ -482,6 +494,14 @@ macro_rules! allocator {
                 ) -> $crate::scope::Instrumented<F> {
                     $crate::scope::Instrumented::new::<$name>(future)
                 }
+            }
+
+            impl $crate::TaggedAllocator for $name {
+                fn registry_entry(&self) -> &'static $crate::Registration {
+                    &REGISTRATION
+                }
+                /// A child holds nothing beyond its live blocks: nothing to give back.
+                fn garbage_collect(&self) {}
             }
 
             // SAFETY: every block comes from the parent, a `BlockAllocator`, unchanged; the

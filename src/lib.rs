@@ -31,6 +31,7 @@ pub use allocator::{child, pools, registry};
 pub mod handle;
 pub mod report;
 pub mod scope;
+pub mod tagged;
 pub mod typed;
 // Apart from the hierarchy: offsets in memory tagalloc never touches (GPU heaps, files).
 pub mod virtual_block;
@@ -44,4 +45,5 @@ pub use report::dump_allocators;
 pub use scope::{TagGuard, untagged};
 pub use stats::{AllocatorStats, Counters};
 pub use system::SystemAllocator;
+pub use tagged::TaggedAllocator;
 pub use typed::ClassAllocator;

@@ -76,14 +76,14 @@ fn main() {
     thread::spawn(|| println!("global_threads: warm-up"))
         .join()
         .unwrap();
-    let before = GLOBAL.stats();
+    let before = GLOBAL.heap_stats();
 
     let moved = ring_workload(4, 400);
     assert!(moved > 0);
     let churned = collections_workload(3);
     assert!(churned > 0);
 
-    let after = GLOBAL.stats();
+    let after = GLOBAL.heap_stats();
     assert_eq!(
         (after.live_blocks, after.granted_bytes),
         (before.live_blocks, before.granted_bytes),
@@ -96,7 +96,7 @@ fn main() {
     );
     GLOBAL.validate().unwrap();
     GLOBAL.garbage_collect();
-    let collected = GLOBAL.stats();
+    let collected = GLOBAL.heap_stats();
     assert!(collected.held_bytes <= after.held_bytes);
     assert_eq!(collected.live_blocks, before.live_blocks);
     println!(

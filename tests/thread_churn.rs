@@ -42,7 +42,7 @@ fn main() {
     round(8, &shared);
     shared.lock().unwrap().clear();
     let threads_before = GLOBAL.cached_threads();
-    let before = GLOBAL.stats();
+    let before = GLOBAL.heap_stats();
 
     let total = 20_000;
     let batch = 16;
@@ -50,12 +50,12 @@ fn main() {
     for i in 0..total / batch {
         round(batch, &shared);
         if i == total / batch / 10 {
-            held_after_first_tenth = GLOBAL.stats().held_bytes;
+            held_after_first_tenth = GLOBAL.heap_stats().held_bytes;
         }
     }
     shared.lock().unwrap().clear();
 
-    let after = GLOBAL.stats();
+    let after = GLOBAL.heap_stats();
     assert_eq!(
         GLOBAL.cached_threads(),
         threads_before,

@@ -69,6 +69,6 @@ fn main() {
         "external-check: ok (serde_json, regex, rayon on {} threads; {} allocations, {} KiB live at the end)",
         rayon::current_num_threads(),
         stats.allocations,
-        stats.granted_bytes / 1024
+        stats.live_granted_bytes / 1024
     );
 }

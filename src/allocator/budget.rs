@@ -14,6 +14,8 @@
 //! through the parent and back.
 
 use crate::fatal::{StackText, write_stderr};
+use crate::registry::Registration;
+use core::cell::Cell;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
@@ -27,9 +29,15 @@ pub enum BudgetMode {
 }
 
 /// What the budget hook is told.
+///
+/// The event is about the allocator whose budget was exceeded, and goes to that
+/// allocator's hook. A request may have come in through a child below it (a child passes
+/// its requests up): when such a request is refused, the refusal counts in the
+/// `budget_failures` of the allocator whose budget refused *and* of every child the request
+/// passed through, so that each shows it failed; `allocator` says whose budget it was.
 #[derive(Clone, Copy, Debug)]
 pub struct BudgetEvent {
-    /// The allocator's name.
+    /// The name of the allocator whose budget was exceeded (and, if `refused`, refused).
     pub allocator: &'static str,
     /// The budget in bytes.
     pub budget: usize,
@@ -50,6 +58,47 @@ pub struct BudgetEvent {
 /// descendants) is the `#[global_allocator]`, it must not allocate at all: that would
 /// recurse. Counting into an atomic or writing a fixed message is always safe.
 pub type BudgetHook = fn(&BudgetEvent);
+
+thread_local! {
+    /// The last refusal by a budget on this thread: the allocator whose budget refused and
+    /// the requested size, so that the children a refused request passed through can count
+    /// it too (see [`note_refusal`]). A const-initialised pair of plain words with no
+    /// destructor: readable at any time, also while the thread exits, and never allocates.
+    static REFUSED: (Cell<*const Registration>, Cell<usize>) =
+        const { (Cell::new(core::ptr::null()), Cell::new(0)) };
+}
+
+/// Notes that `by`'s budget refused a request of `size` bytes on this thread (called by the
+/// allocator that refused, after its hook was told).
+#[cold]
+pub(crate) fn note_refusal(by: &'static Registration, size: usize) {
+    let _ = REFUSED.try_with(|(who, bytes)| {
+        who.set(by);
+        bytes.set(size);
+    });
+}
+
+/// Whether a request of `size` bytes that `requester` passed to its parent, and that came
+/// back refused, was refused by the budget of an allocator above `requester` (the last
+/// refusal noted on this thread, for that size, by an ancestor). The caller counts it as
+/// one of its own budget failures.
+#[cold]
+pub(crate) fn refused_above(requester: &'static Registration, size: usize) -> bool {
+    let Ok((by, bytes)) = REFUSED.try_with(|(who, bytes)| (who.get(), bytes.get())) else {
+        return false;
+    };
+    if by.is_null() || bytes != size {
+        return false;
+    }
+    let mut above = requester.parent();
+    while let Some(entry) = above {
+        if core::ptr::eq(entry, by) {
+            return true;
+        }
+        above = entry.parent();
+    }
+    false
+}
 
 /// The default hook: prints the event on stderr without allocating, for the 1st, 2nd, 4th,
 /// 8th… event of each allocator, so a program living over budget is not flooded.

@@ -407,6 +407,7 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
             live = counters.published_live();
         }
         if settings.exceeded_by(live) && !self.over_budget(settings, live, block.size, true) {
+            crate::budget::note_refusal(self.registration(), layout.size());
             counters.undo_granted(block.size);
             // SAFETY: the parent just gave us this block of `tag` for `layout`.
             unsafe { self.parent.deallocate_block_tagged(block.ptr, layout, tag) };
@@ -622,7 +623,21 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
     /// The parent's allocation, zeroed or not, of a block of `tag`.
     #[inline(always)]
     fn parent_allocate(&self, layout: Layout, zeroed: bool, tag: Tag) -> Option<Allocation> {
-        self.parent.allocate_block_tagged(layout, tag, zeroed)
+        let block = self.parent.allocate_block_tagged(layout, tag, zeroed);
+        if block.is_none() {
+            self.parent_refused(layout.size());
+        }
+        block
+    }
+
+    /// The parent refused a request of `size` bytes: if a budget above refused it, counts
+    /// the failure here too (see [`BudgetEvent`]).
+    #[cold]
+    #[inline(never)]
+    fn parent_refused(&self, size: usize) {
+        if crate::budget::refused_above(self.registration(), size) {
+            self.counters().record_budget_failure();
+        }
     }
 
     /// [`BlockAllocator::allocate_block_tagged`] for this child: a block of `tag` counted
@@ -695,7 +710,12 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
             lanes::settle(counters);
             live = counters.published_live().saturating_add(layout.size());
         }
-        settings.exceeded_by(live) && !self.over_budget(settings, live, layout.size(), true)
+        let refused =
+            settings.exceeded_by(live) && !self.over_budget(settings, live, layout.size(), true);
+        if refused {
+            crate::budget::note_refusal(self.registration(), layout.size());
+        }
+        refused
     }
 
     /// Counts (see [`account`](Self::account)) and records a block the parent just granted.
@@ -1118,9 +1138,12 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
             }
         }
         // SAFETY: forwarded from the caller.
-        let (new, old) = unsafe {
+        let Some((new, old)) = (unsafe {
             self.parent
-                .reallocate_block_tagged(ptr, layout, new_size, tag)?
+                .reallocate_block_tagged(ptr, layout, new_size, tag)
+        }) else {
+            self.parent_refused(new_size);
+            return None;
         };
         let counters = self.counters();
         let budget = self.registration().budget();

@@ -10,7 +10,7 @@
 //!
 //! Both serve only the sizes their [`PoolConfig`] covers. Anything else (too large, or
 //! aligned beyond the pool's largest block) gets `None` (an `AllocError` for containers,
-//! never undefined behaviour), and in debug builds the pool's first refusal is noted on
+//! never undefined behaviour), and, in every build, the pool's first refusal is noted on
 //! stderr with the allocator's name. Their figures come from the schema's own exact
 //! counters; Reserved is the pages (and per-thread bookkeeping) held from the parent.
 //!
@@ -48,6 +48,7 @@ fn to_stats(pool: PoolStats, resizes: &Resizes) -> AllocatorStats {
         reserved_bytes: pool.reserved_bytes,
         over_budget: 0,
         budget_failures: 0,
+        heap: None,
     }
 }
 
@@ -88,6 +89,7 @@ fn notify_over_budget(
     live: usize,
     request: usize,
     refused: bool,
+    requested: usize,
 ) {
     let budget = registration.budget();
     let counters = registration.counters();
@@ -103,6 +105,9 @@ fn notify_over_budget(
         counters.record_budget_failure();
     }
     budget.notify(&event);
+    if refused {
+        crate::budget::note_refusal(registration, requested);
+    }
 }
 
 /// Zeroes a whole block.
@@ -186,7 +191,14 @@ impl<P: PageParent + Send> PoolCore<P> {
                 Some(schema.allocate(layout)?)
             };
             drop(schema);
-            notify_over_budget(registration, settings, live, granted, refused);
+            notify_over_budget(
+                registration,
+                settings,
+                live,
+                granted,
+                refused,
+                layout.size(),
+            );
             return block.map(|block| if zeroed { zero(block) } else { block });
         }
         let block = schema.allocate(layout)?;
@@ -364,17 +376,24 @@ impl<P: PageParent> ThreadPoolCore<P> {
         let live = self.schema.granted_bytes() + granted;
         let over = settings.exceeded_by(live);
         if over && settings.enforced() {
-            notify_over_budget(registration, settings, live, granted, true);
+            notify_over_budget(registration, settings, live, granted, true, layout.size());
             return None;
         }
         let block = self.schema.allocate(layout)?;
         if over {
-            notify_over_budget(registration, settings, live, granted, false);
+            notify_over_budget(registration, settings, live, granted, false, layout.size());
         } else {
             let live = self.schema.granted_bytes();
             if settings.exceeded_by(live) {
                 let refused = settings.enforced();
-                notify_over_budget(registration, settings, live, granted, refused);
+                notify_over_budget(
+                    registration,
+                    settings,
+                    live,
+                    granted,
+                    refused,
+                    layout.size(),
+                );
                 if refused {
                     // SAFETY: just allocated with `layout`, handed to no one.
                     unsafe { self.schema.deallocate(block.ptr, layout) };

@@ -148,11 +148,23 @@ fn read_os(_: &'static Registration) -> AllocatorStats {
         reserved_bytes: os.mapped_bytes,
         over_budget: 0,
         budget_failures: 0,
+        heap: None,
     }
 }
 
+/// The highest live granted figure of the [`SystemAllocator`] any reading has seen (see
+/// [`read_system`]).
+static SYSTEM_PEAK_SEEN: AtomicUsize = AtomicUsize::new(0);
+
+/// The [`SystemAllocator`]'s figures. Its peak is the highest live figure seen by a reading
+/// (a snapshot, a report, `stats()`, a [`mark_frame`](crate::report::mark_frame)): its
+/// thread caches count blocks per thread without a shared running total, which a true peak
+/// would need on every call. A program that marks frames gets the peak per frame.
 fn read_system(_: &'static Registration) -> AllocatorStats {
-    let heap = SystemAllocator::new().stats();
+    let heap = SystemAllocator::new().heap_stats();
+    let peak = SYSTEM_PEAK_SEEN
+        .fetch_max(heap.granted_bytes, Ordering::Relaxed)
+        .max(heap.granted_bytes);
     AllocatorStats {
         live_granted_bytes: heap.granted_bytes,
         live_requested_bytes: None,
@@ -160,10 +172,11 @@ fn read_system(_: &'static Registration) -> AllocatorStats {
         allocations: heap.allocations,
         frees: heap.frees,
         reallocations: 0,
-        peak_granted_bytes: None,
+        peak_granted_bytes: Some(peak),
         reserved_bytes: heap.held_bytes,
         over_budget: 0,
         budget_failures: 0,
+        heap: Some(heap),
     }
 }
 

@@ -116,8 +116,15 @@ pub struct AllocatorStats {
     pub reserved_bytes: usize,
     /// Allocations that found the allocator over its budget (see [`Budget`](crate::Budget)).
     pub over_budget: u64,
-    /// Allocations refused because of the budget.
+    /// Allocations refused because of a budget: this allocator's own, or (for a request
+    /// that came in here and was passed up) the budget of an allocator above it, which
+    /// counts the refusal too. [`BudgetEvent::allocator`](crate::BudgetEvent::allocator)
+    /// names whose budget refused.
     pub budget_failures: u64,
+    /// The heap's own figures, for the [`SystemAllocator`](crate::SystemAllocator) (and
+    /// tagalloc's internal heaps): pages, segments, chunks, bytes in thread caches; `None`
+    /// for every other allocator.
+    pub heap: Option<crate::schema::HphaStats>,
 }
 
 /// The live counters of one tagged allocator; `const`-constructible, allocation-free.
@@ -929,6 +936,7 @@ impl Counters {
             reserved_bytes: live_granted_bytes,
             over_budget: self.over_budget.load(Relaxed),
             budget_failures: self.budget_failures.load(Relaxed),
+            heap: None,
         }
     }
 }

@@ -37,10 +37,12 @@ impl SystemAllocator {
         Self { _private: () }
     }
 
-    /// The allocator's counters: what the program holds (live granted bytes and blocks),
-    /// calls, what sits in thread caches, and bytes held from the OS. Per-thread counts are
-    /// summed on read, so the figures are exact whenever no thread is allocating meanwhile.
-    pub fn stats(&self) -> HphaStats {
+    /// The heap's own figures: what the program holds (granted bytes and blocks), calls,
+    /// what sits in thread caches, pages, segments and chunks, and bytes held from the OS.
+    /// Per-thread counts are summed on read, so the figures are exact whenever no thread is
+    /// allocating meanwhile. [`stats`](Self::stats) gives the same in the shape every
+    /// allocator shares, with these as its `heap` extra.
+    pub fn heap_stats(&self) -> HphaStats {
         let heap = HEAP.stats();
         let large = HEAP.large_heap().stats();
         let front = thread_cache::front_totals();

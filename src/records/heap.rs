@@ -44,6 +44,7 @@ fn read(_: &'static Registration) -> AllocatorStats {
         reserved_bytes: s.held_bytes,
         over_budget: 0,
         budget_failures: 0,
+        heap: Some(s),
     }
 }
 

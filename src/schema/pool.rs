@@ -414,13 +414,15 @@ pub(crate) fn next_uid() -> usize {
     NEXT_UID.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Writes a note on stderr (debug builds only) that a request was refused; never allocates.
-/// `first` says whether this is the pool's first refusal: only that one is noted, so a
-/// caller that tries the pool and falls back to another allocator does not flood stderr.
+/// Writes a note on stderr (in every build) that a request was refused, naming the pool and
+/// its range, so that a program whose pool is outgrown learns which one and why before
+/// `handle_alloc_error` aborts it; never allocates. `first` says whether this is the pool's
+/// first refusal: only that one is noted, so a caller that tries the pool and falls back to
+/// another allocator does not flood stderr.
 #[cold]
 #[inline(never)]
 pub(crate) fn report_refused(cfg: &PoolConfig, layout: Layout, first: bool) {
-    if cfg!(debug_assertions) && first {
+    if first {
         let mut text = StackText::<320>::new();
         let _ = writeln!(
             text,
@@ -555,8 +557,8 @@ impl<P: PageParent> PoolSchema<P> {
     }
 
     /// Allocates a block for `layout`: `None` when the request is outside the pool's range
-    /// (too large, or too aligned once rounded) or the parent is out of memory. In debug
-    /// builds the pool's first refused request is noted on stderr with the pool's name.
+    /// (too large, or too aligned once rounded) or the parent is out of memory. The pool's
+    /// first refused request is noted on stderr with the pool's name and range.
     #[inline]
     pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
         let Some(class) = self.config.class_of(layout) else {

@@ -257,8 +257,8 @@ impl<P: PageParent> ThreadPoolSchema<P> {
     }
 
     /// Allocates a block for `layout`: `None` when the request is outside the pool's range
-    /// or the parent is out of memory. In debug builds the pool's first refused request is
-    /// noted on stderr with the pool's name.
+    /// or the parent is out of memory. The pool's first refused request is noted on stderr
+    /// with the pool's name and range.
     #[inline]
     pub fn allocate(&self, layout: Layout) -> Option<Allocation> {
         let Some(class) = self.config.class_of(layout) else {
