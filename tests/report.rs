@@ -155,7 +155,25 @@ fn reports_are_exact_and_add_up() {
         tree.lines().any(|l| l.starts_with("└─ SystemAllocator")),
         "{tree}"
     );
-    assert!(tree.lines().last().unwrap().starts_with("Totals"));
+    assert!(
+        tree.lines()
+            .any(|l| l.starts_with("Totals (each byte once)"))
+    );
+    // A legend under the table says what each column means, and explains the Totals.
+    let legend = &tree[tree.find("\nColumns:\n").expect("a legend")..];
+    for column in [
+        "Used", "Reserved", "Consumed", "Blocks", "Peak", "Share", "Budget", "Totals",
+    ] {
+        assert!(
+            legend.contains(&format!("\n  {column:<10}")),
+            "{column}: {legend}"
+        );
+    }
+    assert!(legend.contains("Share     Used as a share of the parent's Used"));
+    assert!(
+        !tree.contains("[thread-cache lane]"),
+        "no internal jargon: {tree}"
+    );
 
     drop((textures, meshes, voices));
     let after = Snapshot::take();

@@ -36,6 +36,15 @@
 //!   is consumed by the child, not again by its parent). Summed over all rows it gives the
 //!   process's footprint.
 //!
+//! - **Peak**: the highest Used so far. The `SystemAllocator`'s threads count apart, with
+//!   no shared running total, so its peak is the highest Used any reading saw (a report,
+//!   `stats()`, [`mark_frame`]).
+//! - **Share**: Used as a share of the parent's Used.
+//! - **Budget** (tree): the budget set on the allocator and how full Used makes it.
+//!
+//! The tree prints these meanings under the table, with the Totals explained in the
+//! snapshot's own numbers.
+//!
 //! The **Totals** row counts every byte once: Used is the sum of each allocator's own Used
 //! (its Used minus what its children hold: the bytes the program really has in blocks),
 //! Reserved is the sum of the root allocators' Reserved (what the process holds from the

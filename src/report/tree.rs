@@ -1,6 +1,7 @@
 //! The allocator tree: indented by parent, human units, share of the parent.
 
 use super::Snapshot;
+use crate::registry::AllocatorKind;
 use std::io;
 
 /// `bytes` in the largest binary unit that keeps the number at or above 1.
@@ -52,8 +53,42 @@ fn order(snapshot: &Snapshot) -> Vec<(usize, String)> {
     out
 }
 
-/// The label of the last line.
+/// The label of the Totals line.
 const TOTALS: &str = "Totals (each byte once)";
+
+/// The footer under the table: what each column means.
+const LEGEND: &str = "\
+Columns:
+  Used      bytes in live blocks, at their granted size (size class or block size); a
+            parent's Used includes its children's blocks (for OSAllocator: bytes mapped)
+  Reserved  bytes held from the parent or the OS: Used plus free space kept for reuse
+            (free pages, free pool slots, blocks in thread caches)
+  Consumed  Reserved minus the direct children's Reserved: the bytes this row alone holds;
+            each byte is in one row, and the column adds up to the process's footprint
+  Blocks    live blocks (for OSAllocator: live mappings)
+  Peak      highest Used so far (for SystemAllocator: the highest seen by a reading, that
+            is a report, stats() or report::mark_frame(), as its threads count apart)
+  Share     Used as a share of the parent's Used
+  Budget    the budget set on the allocator, and how full Used makes it
+";
+
+/// The budget column: `-`, or the limit and how full it is (and refusals).
+fn budget_cell(a: &super::AllocatorSnapshot) -> String {
+    match a.budget {
+        Some(b) => {
+            let mut cell = format!(
+                "{} {:.0}%",
+                human(b),
+                100.0 * a.stats.live_granted_bytes as f64 / b.max(1) as f64
+            );
+            if a.stats.budget_failures > 0 {
+                cell.push_str(&format!(" ({} refused)", a.stats.budget_failures));
+            }
+            cell
+        }
+        None => "-".to_string(),
+    }
+}
 
 pub(super) fn write(snapshot: &Snapshot, out: &mut dyn io::Write) -> io::Result<()> {
     let lines = order(snapshot);
@@ -63,10 +98,17 @@ pub(super) fn write(snapshot: &Snapshot, out: &mut dyn io::Write) -> io::Result<
         .max()
         .unwrap_or(0)
         .max(TOTALS.len());
+    let budgets: Vec<String> = snapshot.allocators.iter().map(budget_cell).collect();
+    let budget_width = budgets
+        .iter()
+        .map(|b| b.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("Budget".len());
     writeln!(
         out,
-        "{:<width$}  {:>10}  {:>10}  {:>10}  {:>9}  {:>10}  {:>7}  Description",
-        "Allocator", "Used", "Reserved", "Consumed", "Blocks", "Peak", "Share"
+        "{:<width$}  {:>10}  {:>10}  {:>10}  {:>9}  {:>10}  {:>7}  {:<budget_width$}  Description",
+        "Allocator", "Used", "Reserved", "Consumed", "Blocks", "Peak", "Share", "Budget"
     )?;
     for (i, line) in &lines {
         let a = &snapshot.allocators[*i];
@@ -79,29 +121,11 @@ pub(super) fn write(snapshot: &Snapshot, out: &mut dyn io::Write) -> io::Result<
             _ => "-".to_string(),
         };
         let peak = a.stats.peak_granted_bytes.map_or("-".to_string(), human);
-        let budget = match a.budget {
-            Some(b) => format!(
-                " [budget {}, {:.0}% used{}]",
-                human(b),
-                100.0 * a.stats.live_granted_bytes as f64 / b.max(1) as f64,
-                if a.stats.budget_failures > 0 {
-                    format!(", {} refused", a.stats.budget_failures)
-                } else {
-                    String::new()
-                }
-            ),
-            None => String::new(),
-        };
-        let budget = if a.thread_cache_lane {
-            format!("{budget} [thread-cache lane]")
-        } else {
-            budget
-        };
         // `{:<width$}` counts chars, and the tree glyphs are one char each.
         let pad = width - line.chars().count();
         writeln!(
             out,
-            "{line}{:pad$}  {:>10}  {:>10}  {:>10}  {:>9}  {:>10}  {:>7}  {}{budget}",
+            "{line}{:pad$}  {:>10}  {:>10}  {:>10}  {:>9}  {:>10}  {:>7}  {:<budget_width$}  {}",
             "",
             human(a.stats.live_granted_bytes),
             human(a.stats.reserved_bytes),
@@ -109,6 +133,7 @@ pub(super) fn write(snapshot: &Snapshot, out: &mut dyn io::Write) -> io::Result<
             a.stats.live_blocks,
             peak,
             share,
+            budgets[*i],
             a.description,
         )?;
     }
@@ -120,6 +145,63 @@ pub(super) fn write(snapshot: &Snapshot, out: &mut dyn io::Write) -> io::Result<
         human(t.used_bytes),
         human(t.reserved_bytes),
         human(t.consumed_bytes),
+    )?;
+    writeln!(out)?;
+    out.write_all(LEGEND.as_bytes())?;
+    write_totals_note(snapshot, t, out)
+}
+
+/// Explains the Totals line with this snapshot's numbers: why its Used differs from the
+/// `SystemAllocator`'s, and what the OS layer's own Consumed bytes are.
+fn write_totals_note(
+    snapshot: &Snapshot,
+    t: super::Totals,
+    out: &mut dyn io::Write,
+) -> io::Result<()> {
+    let (Some(os), Some(system)) = (
+        snapshot
+            .allocators
+            .iter()
+            .find(|a| a.kind == AllocatorKind::Os),
+        snapshot
+            .allocators
+            .iter()
+            .find(|a| a.kind == AllocatorKind::System),
+    ) else {
+        return writeln!(
+            out,
+            "  Totals    Used: every byte in a live block once; Reserved: what the roots hold \
+             from the OS;\n            Consumed: the column's sum"
+        );
+    };
+    // Bytes that allocators below the SystemAllocator reserve but have not handed out
+    // (free pool slots, pool pages): in the SystemAllocator's Used, in no block.
+    let kept_free: usize = snapshot
+        .allocators
+        .iter()
+        .filter(|a| a.depth >= 2)
+        .map(|a| {
+            a.stats
+                .reserved_bytes
+                .saturating_sub(a.stats.live_granted_bytes)
+        })
+        .sum();
+    let bookkeeping = if os.own_used_bytes == 0 {
+        "OSAllocator's Consumed is 0 B: every page it maps is held by the allocators above it"
+    } else {
+        "OSAllocator's own: pages it maps for tagalloc's bookkeeping (thread caches,\n            \
+         registry, records), also its Consumed"
+    };
+    writeln!(
+        out,
+        "  Totals    Used: every byte in a live block once: {} = SystemAllocator's Used {}\n            \
+         - {} that allocators below it reserve but have not handed out (free pool slots)\n            \
+         + {} {bookkeeping}.\n            \
+         Reserved: what the roots hold from the OS; Consumed: the column's sum.",
+        human(t.used_bytes),
+        human(system.stats.live_granted_bytes),
+        human(kept_free),
+        human(os.own_used_bytes),
     )
 }
 
