@@ -153,6 +153,9 @@ pub struct Counters {
     live_granted: AtomicUsize,
     live_requested: AtomicUsize,
     peak_granted: AtomicUsize,
+    /// The highest live figure since [`take_frame_peak`](Self::take_frame_peak) last reset
+    /// it: the peak between two frame marks (`report::mark_frame`), raised with the peak.
+    frame_peak: AtomicUsize,
     allocations: AtomicU64,
     frees: AtomicU64,
     reallocations: AtomicU64,
@@ -302,6 +305,7 @@ impl Counters {
             live_granted: AtomicUsize::new(0),
             live_requested: AtomicUsize::new(0),
             peak_granted: AtomicUsize::new(0),
+            frame_peak: AtomicUsize::new(0),
             allocations: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             reallocations: AtomicU64::new(0),
@@ -741,7 +745,8 @@ impl Counters {
     pub(crate) fn peak_after_publication(&self, live: usize, registry: Registry<'_>) {
         if self.big_holders.load(SeqCst) == 0 {
             self.raise_peak(live);
-        } else if (live as isize) > 0 && live > self.peak_granted.load(Relaxed) {
+        } else if (live as isize) > 0 && live > self.frame_peak.load(Relaxed) {
+            // (The frame peak is at most the peak: this also covers a new peak.)
             self.settle_peak(registry);
         }
     }
@@ -880,9 +885,21 @@ impl Counters {
     /// (wrapped) total never becomes the peak.
     #[inline]
     fn raise_peak(&self, live: usize) {
-        if (live as isize) > 0 && live > self.peak_granted.load(Relaxed) {
-            self.peak_granted.fetch_max(live, Relaxed);
+        if (live as isize) > 0 && live > self.frame_peak.load(Relaxed) {
+            // The frame peak is reset to 0 at each frame mark, and is at most the peak: a
+            // figure below it is below both, and takes no further load.
+            self.frame_peak.fetch_max(live, Relaxed);
+            if live > self.peak_granted.load(Relaxed) {
+                self.peak_granted.fetch_max(live, Relaxed);
+            }
         }
+    }
+
+    /// The highest live figure since the last call (or since start), and starts the next
+    /// interval at zero; for `report::mark_frame`, which also counts the live figures it
+    /// reads at both ends. Within the peak's tolerance (see [`Counters`]).
+    pub(crate) fn take_frame_peak(&self) -> usize {
+        self.frame_peak.swap(0, Relaxed)
     }
 
     // ---- Readers ----

@@ -97,7 +97,7 @@
 //!   so that the records made while on leave exactly.
 
 mod buffer;
-mod clock;
+pub(crate) mod clock;
 pub mod config;
 pub(crate) mod env;
 pub(crate) mod global;

@@ -12,6 +12,7 @@
 //! | DHAT profile (open in DHAT's `dh_view.html` or the Firefox Profiler) | [`dhat_profile`], and at exit with `TAGALLOC_DHAT` | records |
 //! | pprof heap profile (open with `go tool pprof`) | [`pprof_profile`], and at exit with `TAGALLOC_PPROF` | records |
 //! | records as JSON | [`records_json`] | records |
+//! | memory over time, one row per frame (CSV) | [`mark_frame`], [`timeline_csv`] | statistics |
 //!
 //! The records reports copy a [`RecordsSnapshot`] first (briefly taking each table lock),
 //! then resolve symbols and format with no lock held; their own allocations are not
@@ -63,7 +64,13 @@ mod owners;
 mod pprof;
 mod records;
 mod records_json;
+mod timeline;
 mod tree;
+
+pub use timeline::{
+    TIMELINE_ALLOCATORS, TIMELINE_FRAMES, Timeline, TimelineAllocator, TimelineFrame, mark_frame,
+    timeline, timeline_csv,
+};
 
 use crate::records::RecordsSnapshot;
 use crate::records::guard::Busy;
