@@ -20,7 +20,8 @@
 //! written (its directory missing or not writable) is said on stderr when the variables are
 //! read, not only at exit.
 
-use crate::fatal::{StackText, write_stderr};
+use crate::fatal::StackText;
+use crate::messages::warn;
 use core::ffi::CStr;
 use core::fmt::Write;
 use core::time::Duration;
@@ -69,7 +70,7 @@ pub(crate) fn warn_bad_value(name: &str, value: &[u8], why: &str) {
     let mut text = StackText::<256>::new();
     let shown = core::str::from_utf8(&value[..value.len().min(64)]).unwrap_or("<not UTF-8>");
     let _ = writeln!(text, "tagalloc: {name}={shown:?} ignored: {why}");
-    write_stderr(text.as_bytes());
+    warn(text.as_bytes());
 }
 
 /// The purge delay the environment asks for, or the default; warns about bad values.

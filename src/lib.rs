@@ -15,6 +15,7 @@
 // configuration read without allocating.
 pub mod config;
 mod fatal;
+pub mod messages;
 mod sync;
 // 1. The OS layer: pages from mmap, counted.
 pub mod os;

@@ -2,6 +2,8 @@
 //! every child it passed through, and on the allocator whose budget refused; the hook hears
 //! whose budget it was.
 
+mod common;
+
 use allocator_api2::boxed::Box;
 use allocator_api2::vec::Vec;
 use std::sync::Mutex;
@@ -61,11 +63,16 @@ fn a_grandchild_refused_by_its_grandparents_budget_counts_the_failure() {
 
 #[test]
 fn a_child_refused_by_its_pools_budget_counts_the_failure() {
+    common::messages::capture();
     Sprites.set_budget(Some(256), BudgetMode::Fail);
     let blocks: std::vec::Vec<_> = (0..4).map(|_| Box::new_in([0u8; 64], Frames)).collect();
     assert!(Box::try_new_in([0u8; 64], Frames).is_err());
     assert_eq!(Sprites.stats().budget_failures, 1);
     assert_eq!(Frames.stats().budget_failures, 1);
+    assert!(common::messages::captured(
+        "tagalloc: allocator \"Sprites\" over its budget of 256 bytes: 320 live after a \
+         64-byte block (refused"
+    ));
     drop(blocks);
     Sprites.set_budget(None, BudgetMode::Warn);
 }

@@ -6,6 +6,8 @@
 //! This binary declares exactly as many children as there are lanes, so each one gets a lane
 //! whatever order the tests run in (the first children to allocate get them).
 
+mod common;
+
 use allocator_api2::alloc::Allocator;
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -207,6 +209,7 @@ fn a_budget_set_after_lane_use_starts_from_the_exact_live_figure() {
         let live = Budgeted.stats().live_granted_bytes;
         assert_eq!(live, 200 * granted(layout));
         // Room for exactly two more blocks.
+        common::messages::capture();
         Budgeted.set_budget(Some(live + 2 * granted(layout)), BudgetMode::Fail);
         let a = take(Budgeted, layout);
         let b = take(Budgeted, layout);
@@ -216,6 +219,10 @@ fn a_budget_set_after_lane_use_starts_from_the_exact_live_figure() {
         );
         let st = Budgeted.stats();
         assert_eq!(st.budget_failures, 1);
+        assert!(common::messages::captured(&format!(
+            "tagalloc: allocator \"Budgeted\" over its budget of {} bytes",
+            live + 2 * granted(layout)
+        )));
         assert_eq!(st.live_blocks, 202);
         assert_eq!(st.peak_granted_bytes, Some(live + 2 * granted(layout)));
         // Frees of lane blocks while the budget is set are counted exactly too.
@@ -286,6 +293,7 @@ fn a_grandchild_lane_counts_in_its_parent_and_obeys_its_parents_budget() {
         "the parent sees its child's lane"
     );
     assert_eq!(Parent.stats().live_blocks, 40);
+    common::messages::capture();
     Parent.set_budget(Some(41 * g), BudgetMode::Fail);
     let one = take(Kid, layout);
     assert!(
@@ -293,6 +301,15 @@ fn a_grandchild_lane_counts_in_its_parent_and_obeys_its_parents_budget() {
         "the parent's budget stops the grandchild"
     );
     assert_eq!(Parent.stats().budget_failures, 1);
+    assert_eq!(
+        Kid.stats().budget_failures,
+        1,
+        "counted where the request came in"
+    );
+    assert!(common::messages::captured(&format!(
+        "tagalloc: allocator \"Parent\" over its budget of {} bytes",
+        41 * g
+    )));
     Parent.set_budget(None, BudgetMode::Warn);
     let two = take(Kid, layout);
     assert_eq!(Parent.stats().live_blocks, 42);

@@ -71,6 +71,8 @@ struct Live {
 fn run(cfg: PoolConfig, ops: Vec<Op>) {
     let parent = CountingParent::default();
     let pool = PoolSchema::with_config(&parent, cfg.with_name("model"));
+    common::messages::capture();
+    let mut refusal_noted = false;
     // Live blocks by address.
     let mut live: BTreeMap<usize, (NonNull<u8>, Live)> = BTreeMap::new();
     let mut expect = PoolStats::default();
@@ -80,6 +82,16 @@ fn run(cfg: PoolConfig, ops: Vec<Op>) {
                 let layout = Layout::from_size_align(size, 1 << align_log).unwrap();
                 let Some(a) = pool.allocate(layout) else {
                     assert_eq!(cfg.block_size(layout), None, "refused {layout:?}");
+                    if !refusal_noted {
+                        // The pool's first refusal is noted (captured, not printed).
+                        refusal_noted = true;
+                        let line = format!(
+                            "tagalloc: pool 'model': request of {} bytes aligned to {} refused",
+                            layout.size(),
+                            layout.align()
+                        );
+                        assert!(common::messages::captured(&line), "{line}");
+                    }
                     continue;
                 };
                 assert_eq!(Some(a.size), cfg.block_size(layout));

@@ -2,6 +2,8 @@
 //! requests they cannot serve (an error, never UB), budgets, children of pools, and a
 //! thread pool freed across threads.
 
+mod common;
+
 use allocator_api2::alloc::Allocator;
 use allocator_api2::boxed::Box;
 use allocator_api2::vec::Vec;
@@ -47,11 +49,17 @@ fn containers_in_a_pool() {
 
 #[test]
 fn a_pool_refuses_what_it_cannot_serve() {
+    common::messages::capture();
     assert!(
         Small
             .allocate(Layout::from_size_align(257, 8).unwrap())
             .is_err()
     );
+    // Noted once, in every build, with the pool's name and range.
+    assert!(common::messages::captured(
+        "tagalloc: pool 'Small': request of 257 bytes aligned to 8 refused: this pool serves \
+         8..=256 bytes with alignment up to 256 (further refusals are not noted)"
+    ));
     assert!(
         Small
             .allocate(Layout::from_size_align(8, 512).unwrap())

@@ -130,6 +130,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 fn run(ops: Vec<Op>) {
     let cfg = PoolConfig::new(2048, 16, 256).unwrap().with_name("model");
     let pool = Arc::new(ThreadPoolSchema::with_config(System, cfg));
+    common::messages::capture();
+    let mut refusal_noted = false;
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|_| Worker::spawn(Arc::clone(&pool)))
         .collect();
@@ -145,6 +147,16 @@ fn run(ops: Vec<Op>) {
                 let layout = Layout::from_size_align(size, 1 << align_log).unwrap();
                 let Some(b) = workers[on].run(Task::Alloc(layout, step as u8)) else {
                     assert_eq!(cfg.block_size(layout), None, "refused {layout:?}");
+                    if !refusal_noted {
+                        // The pool's first refusal is noted (captured, not printed).
+                        refusal_noted = true;
+                        let line = format!(
+                            "tagalloc: pool 'model': request of {} bytes aligned to {} refused",
+                            layout.size(),
+                            layout.align()
+                        );
+                        assert!(common::messages::captured(&line), "{line}");
+                    }
                     continue;
                 };
                 assert_eq!(Some(b.granted), cfg.block_size(layout));

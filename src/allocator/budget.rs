@@ -13,7 +13,8 @@
 //! enforced a little early); such a block, and one refused only for its rounding, went
 //! through the parent and back.
 
-use crate::fatal::{StackText, write_stderr};
+use crate::fatal::StackText;
+use crate::messages::warn;
 use crate::registry::Registration;
 use core::cell::Cell;
 use core::fmt::Write;
@@ -118,7 +119,7 @@ pub fn log_budget_event(event: &BudgetEvent) {
         if event.refused { "refused" } else { "allowed" },
         event.count,
     );
-    write_stderr(text.as_bytes());
+    warn(text.as_bytes());
 }
 
 /// One allocator's budget settings: limit, mode and hook; `const`-constructible.

@@ -77,7 +77,7 @@ pub(crate) fn install() -> bool {
         // in the child, adopt what the lost threads left).
         let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(in_parent), Some(in_child)) };
         if rc != 0 {
-            crate::fatal::write_stderr(
+            crate::messages::warn(
                 b"tagalloc: pthread_atfork failed; a fork() while other threads allocate may hang the child\n",
             );
         }

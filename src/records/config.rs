@@ -29,7 +29,8 @@
 //! exits gets one warning line then.
 
 use super::mode::RecordMode;
-use crate::fatal::{StackText, write_stderr};
+use crate::fatal::StackText;
+use crate::messages::warn;
 use core::fmt::Write;
 
 /// The most entries `TAGALLOC_RECORDS` may hold.
@@ -347,7 +348,7 @@ pub(crate) fn warn_problems(var: &str, text: &[u8], problems: &ParseProblems) {
         let _ = write!(line, " (and {} more bad entries)", problems.bad_entries - 1);
     }
     let _ = line.write_str("; records stay off for it\n");
-    write_stderr(line.as_bytes());
+    warn(line.as_bytes());
 }
 
 #[cfg(test)]

@@ -22,7 +22,8 @@
 use super::config::{MAX_ENTRIES, ParseProblems, RecordsConfig, parse_records, warn_problems};
 use super::guard::Busy;
 use crate::config::env_bytes;
-use crate::fatal::{StackText, write_stderr};
+use crate::fatal::StackText;
+use crate::messages::warn;
 use crate::registry::{self, Registration};
 use core::cell::UnsafeCell;
 use core::fmt::Write;
@@ -159,7 +160,7 @@ fn read_slow() {
     if wants_exit_hook {
         // SAFETY: `at_exit` is a plain `extern "C" fn()` that lives for the whole process.
         if unsafe { libc::atexit(at_exit) } != 0 {
-            write_stderr(b"tagalloc: atexit failed; no exit report will be written\n");
+            warn(b"tagalloc: atexit failed; no exit report will be written\n");
         }
     }
 }
@@ -224,7 +225,7 @@ fn warn_if_unwritable(file: ExitFile, path: &[u8]) {
             }
         };
         let _ = line.write_str(" (checked at start-up; it is tried again at exit)\n");
-        write_stderr(line.as_bytes());
+        warn(line.as_bytes());
     }
 }
 
@@ -334,7 +335,7 @@ extern "C" fn at_exit() {
     if unknown > 0 {
         let _ =
             line.write_str(" (names match an allocator's name or description, ignoring case)\n");
-        write_stderr(line.as_bytes());
+        warn(line.as_bytes());
     }
     crate::report::exit::write_files_at_exit(
         exit_path(ExitFile::Report),

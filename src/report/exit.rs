@@ -11,7 +11,8 @@
 //! empty.
 
 use super::owners;
-use crate::fatal::{StackText, write_stderr};
+use crate::fatal::StackText;
+use crate::messages::warn;
 use crate::records::RecordsSnapshot;
 use crate::records::guard::Busy;
 use core::fmt::Write as _;
@@ -50,7 +51,7 @@ fn write_file(
             path.display()
         ),
     };
-    write_stderr(line.as_bytes());
+    warn(line.as_bytes());
 }
 
 /// Writes the exit report to `path` (bytes of a file name); one line on stderr either way.

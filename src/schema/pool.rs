@@ -15,7 +15,8 @@ pub(crate) mod bins;
 pub(crate) mod page;
 
 use super::{Allocation, PageParent};
-use crate::fatal::{StackText, fatal, write_stderr};
+use crate::fatal::{StackText, fatal};
+use crate::messages::warn;
 use crate::system::SystemAllocator;
 use bins::Bins;
 use core::alloc::Layout;
@@ -435,7 +436,7 @@ pub(crate) fn report_refused(cfg: &PoolConfig, layout: Layout, first: bool) {
             cfg.max_size(),
             cfg.max_align()
         );
-        write_stderr(text.as_bytes());
+        warn(text.as_bytes());
     }
 }
 
@@ -754,7 +755,7 @@ impl<P: PageParent> Drop for PoolSchema<P> {
                 live,
                 st.granted
             );
-            write_stderr(text.as_bytes());
+            warn(text.as_bytes());
         }
         let layout = self.config.page_layout();
         let parent = &self.parent;

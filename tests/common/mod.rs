@@ -2,6 +2,7 @@
 // Each binary uses some of the helpers, not all.
 #![allow(dead_code)]
 
+pub mod messages;
 pub mod pprof;
 pub mod viewers;
 

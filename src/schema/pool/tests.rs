@@ -245,6 +245,7 @@ fn miri_alignments_up_to_max_align_are_honoured() {
 fn miri_out_of_range_requests_get_none_and_change_nothing() {
     let parent = CountingParent::default();
     let pool = PoolSchema::with_config(&parent, PoolConfig::DEFAULT.with_name("refusals"));
+    crate::messages::capture::start();
     for l in [
         layout(513, 1),
         layout(1, 1024),
@@ -252,6 +253,18 @@ fn miri_out_of_range_requests_get_none_and_change_nothing() {
         layout(1, 2048),
     ] {
         assert!(pool.allocate(l).is_none(), "{l:?}");
+    }
+    // The first refusal is noted with the pool's name and range, the others not.
+    #[cfg(not(miri))]
+    {
+        use crate::messages::capture::captured;
+        assert!(captured(
+            "tagalloc: pool 'refusals': request of 513 bytes aligned to 1 refused: this pool \
+             serves 8..=512 bytes with alignment up to 512"
+        ));
+        assert!(!captured(
+            "pool 'refusals': request of 1 bytes aligned to 1024"
+        ));
     }
     assert_eq!(pool.stats(), PoolStats::default());
     assert_eq!(parent.calls.load(Ordering::Relaxed), 0);
@@ -325,23 +338,35 @@ fn miri_empty_pages_serve_other_classes_and_return_on_collect() {
 fn miri_drop_returns_every_page_even_with_live_blocks() {
     let parent = CountingParent::default();
     {
-        let pool = PoolSchema::with_config(&parent, PoolConfig::new(1024, 64, 256).unwrap());
+        let config = PoolConfig::new(1024, 64, 256).unwrap();
+        let pool = PoolSchema::with_config(&parent, config.with_name("dropped-live"));
         for size in [1, 64, 65, 200, 256] {
             let _leaked = pool.allocate(layout(size, 8)).unwrap();
         }
         assert!(parent.live.load(Ordering::Relaxed) >= 3);
+        crate::messages::capture::start();
     }
     assert_eq!(parent.live.load(Ordering::Relaxed), 0);
+    #[cfg(not(miri))]
+    assert!(crate::messages::capture::captured(
+        "tagalloc: pool 'dropped-live' dropped with 5 live blocks (768 bytes)"
+    ));
 }
 
 #[test]
 fn miri_custom_geometry_as_in_o3de_tests() {
-    let pool = PoolSchema::with_config(System, PoolConfig::new(1024, 64, 256).unwrap());
+    let config = PoolConfig::new(1024, 64, 256).unwrap();
+    let pool = PoolSchema::with_config(System, config.with_name("o3de-geometry"));
     // Less than the minimum rounds up to it.
     let a = pool.allocate(layout(1, 1)).unwrap();
     assert_eq!(a.size, 64);
-    // More than the maximum fails.
+    // More than the maximum fails, with a note.
+    crate::messages::capture::start();
     assert!(pool.allocate(layout(257, 1)).is_none());
+    #[cfg(not(miri))]
+    assert!(crate::messages::capture::captured(
+        "pool 'o3de-geometry': request of 257 bytes aligned to 1 refused"
+    ));
     let n = if cfg!(miri) { 30 } else { 300 };
     let blocks: Vec<_> = (0..n)
         .map(|i| {

@@ -89,9 +89,16 @@ fn miri_thread_pool_round_trip_on_one_thread() {
 
 #[test]
 fn miri_out_of_range_requests_get_none() {
-    let pool = ThreadPoolSchema::with_config(System, PoolConfig::new(1024, 64, 256).unwrap());
+    let config = PoolConfig::new(1024, 64, 256).unwrap();
+    let pool = ThreadPoolSchema::with_config(System, config.with_name("thread-refusals"));
+    crate::messages::capture::start();
     assert!(pool.allocate(layout(257, 8)).is_none());
     assert!(pool.allocate(layout(8, 512)).is_none());
+    #[cfg(not(miri))]
+    assert!(crate::messages::capture::captured(
+        "tagalloc: pool 'thread-refusals': request of 257 bytes aligned to 8 refused: this \
+         pool serves 64..=256 bytes"
+    ));
     // Refusals create nothing.
     assert_eq!(pool.stats(), PoolStats::default());
     let a = pool.allocate(layout(1, 1)).unwrap();
