@@ -1,7 +1,8 @@
 //! A small game-like program that tags its memory by subsystem, then shows where every
 //! byte is.
 //!
-//! Run with `cargo run --release --example game`.
+//! Run with `cargo run --release -p game` (the `game` package of the workspace: it depends
+//! on tagalloc, allocator-api2 and serde_json only, so it builds quickly).
 //!
 //! The loader, renderer, physics, audio and scripting each have their own child of the
 //! SystemAllocator (textures are a child of the renderer). Most of their memory is ordinary
@@ -20,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::mpsc;
 use std::thread;
 use tagalloc::report::Snapshot;
-use tagalloc::{BudgetEvent, BudgetMode, ClassAllocator, SystemAllocator};
+use tagalloc::{BudgetEvent, BudgetMode, ClassAllocator, SystemAllocator, TaggedAllocator};
 
 #[global_allocator]
 static GLOBAL: SystemAllocator = SystemAllocator::new();
@@ -148,6 +149,32 @@ fn field(value: &serde_json::Value, key: &str) -> usize {
     value[key].as_u64().expect("a number in the level") as usize
 }
 
+/// Writes the reports to files, in the directory given as the first argument (default
+/// `target/game-report`): the tree as text, the memory timeline as CSV.
+fn write_reports(snapshot: &Snapshot) {
+    let dir = std::path::PathBuf::from(
+        std::env::args()
+            .nth(1)
+            .unwrap_or_else(|| "target/game-report".to_string()),
+    );
+    std::fs::create_dir_all(&dir).expect("a directory for the reports");
+    let mut tree = Vec::new();
+    snapshot.write_tree(&mut tree).unwrap();
+    let files = [
+        ("report.txt", tree),
+        (
+            "timeline.csv",
+            tagalloc::report::timeline_csv().into_bytes(),
+        ),
+    ];
+    println!();
+    for (name, contents) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, contents).expect("the report written");
+        println!("wrote {}", path.display());
+    }
+}
+
 fn main() {
     // Loading. The level description is parsed by serde_json inside the loader's tag: every
     // block of the parsed tree is the loader's, though serde_json knows nothing of tagalloc.
@@ -183,9 +210,7 @@ fn main() {
             .collect()
     };
     AudioAllocator.set_budget(Some(1 << 20), BudgetMode::Warn);
-    AudioAllocator::registration()
-        .budget()
-        .set_hook(audio_budget_hook);
+    AudioAllocator.set_budget_hook(audio_budget_hook);
     let mut voices: Vec<Vec<f32>> = AudioAllocator.scope(Vec::new);
 
     // Physics bodies live on the physics worker, particles are emitted by all workers.
@@ -265,6 +290,9 @@ fn main() {
             let mut draw_list: Vec<u32> = meshes.keys().copied().collect();
             draw_list.sort_unstable();
         });
+
+        // One row of the memory timeline per frame (no allocation).
+        tagalloc::report::mark_frame();
     }
     drop(frame_tx);
     let bodies: Vec<ABox<RigidBody, PhysicsAllocator>> = workers
@@ -299,6 +327,7 @@ fn main() {
     let json = snapshot.to_json();
     let first = json.find("},{").map_or(json.as_str(), |end| &json[..=end]);
     println!("{first} …");
+    write_reports(&snapshot);
 
     drop((
         live_particles,
