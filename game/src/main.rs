@@ -150,7 +150,7 @@ fn field(value: &serde_json::Value, key: &str) -> usize {
 }
 
 /// Writes the reports to files, in the directory given as the first argument (default
-/// `target/game-report`): the tree as text, the memory timeline as CSV.
+/// `target/game-report`): the tree as text, the memory timeline as CSV, and the HTML page.
 fn write_reports(snapshot: &Snapshot) {
     let dir = std::path::PathBuf::from(
         std::env::args()
@@ -166,6 +166,8 @@ fn write_reports(snapshot: &Snapshot) {
             "timeline.csv",
             tagalloc::report::timeline_csv().into_bytes(),
         ),
+        // Open it in a browser: treemap, a chart per allocator, budgets.
+        ("report.html", tagalloc::report::html().into_bytes()),
     ];
     println!();
     for (name, contents) in files {

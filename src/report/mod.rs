@@ -13,6 +13,7 @@
 //! | pprof heap profile (open with `go tool pprof`) | [`pprof_profile`], and at exit with `TAGALLOC_PPROF` | records |
 //! | records as JSON | [`records_json`] | records |
 //! | memory over time, one row per frame (CSV) | [`mark_frame`], [`timeline_csv`] | statistics |
+//! | one self-contained HTML page: treemap, timeline charts with budgets, top call sites, memory maps | [`html`], [`HtmlReport`] | statistics, records |
 //!
 //! The records reports copy a [`RecordsSnapshot`] first (briefly taking each table lock),
 //! then resolve symbols and format with no lock held; their own allocations are not
@@ -59,6 +60,7 @@
 mod csv;
 mod dhat;
 pub(crate) mod exit;
+mod html;
 mod json;
 mod owners;
 mod pprof;
@@ -67,6 +69,7 @@ mod records_json;
 mod timeline;
 mod tree;
 
+pub use html::HtmlReport;
 pub use timeline::{
     TIMELINE_ALLOCATORS, TIMELINE_FRAMES, Timeline, TimelineAllocator, TimelineFrame, mark_frame,
     timeline, timeline_csv,
@@ -355,6 +358,31 @@ fn with_resolved<R>(snapshot: &RecordsSnapshot, f: impl FnOnce(&RecordsSnapshot)
         copy.resolve();
         f(&copy)
     }
+}
+
+/// One self-contained HTML page (no network, no script, no other file): the allocator tree
+/// as a treemap (area = bytes; live blocks solid, reserved free space hatched) with the
+/// table, the timeline of [`mark_frame`] as a chart per allocator with its budget, and the
+/// top call sites per allocator when records are on. [`HtmlReport`] adds virtual blocks'
+/// memory maps.
+///
+/// ```
+/// tagalloc::allocator!(Audio: child of tagalloc::SystemAllocator, "Voices");
+/// let voice = allocator_api2::vec::Vec::<f32, _>::with_capacity_in(4800, Audio);
+/// tagalloc::report::mark_frame();
+/// let page = tagalloc::report::html();
+/// assert!(page.starts_with("<!DOCTYPE html>") && page.contains("Audio"));
+/// assert!(!page.contains("<script"));
+/// # drop(voice);
+/// ```
+pub fn html() -> String {
+    HtmlReport::new().render()
+}
+
+/// A resolved records snapshot if some allocator keeps records, for the HTML report.
+fn records_if_any() -> Option<RecordsSnapshot> {
+    let recording = registry::allocators().any(|r| r.record_mode().is_on());
+    recording.then(resolved_snapshot)
 }
 
 /// A resolved snapshot of the records, built with the re-entrancy guard set.
