@@ -84,7 +84,7 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8p
 p.note { color: #555; margin: 4px 0 12px; max-width: 70em; }
 table { border-collapse: collapse; background: #fff; }
 td, th { padding: 3px 10px; border-bottom: 1px solid #e4e4e4; text-align: right; white-space: nowrap; }
-td:first-child, th:first-child, td.text { text-align: left; }
+td:first-child, th:first-child, .text { text-align: left; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
 .chart { background: #fff; border: 1px solid #ddd; padding: 6px; }
 .chart h3 { font-size: 13px; margin: 0 0 4px; }
@@ -322,7 +322,7 @@ fn clip(name: &str, width: f64) -> String {
 fn table(out: &mut String, snapshot: &Snapshot) {
     out.push_str(
         "<table><tr><th>Allocator</th><th>Used</th><th>Reserved</th><th>Consumed</th>\
-         <th>Blocks</th><th>Peak</th><th>Budget</th><th>Failures</th><th>Description</th></tr>\n",
+         <th>Blocks</th><th>Peak</th><th>Budget</th><th>Failures</th><th class=\"text\">Description</th></tr>\n",
     );
     for a in &snapshot.allocators {
         let _ = writeln!(
