@@ -921,6 +921,16 @@ pub(crate) unsafe fn free_gated(
         let lane = (*tc).system();
         let hooks = lane.hooks.load(Relaxed);
         if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD) != 0 {
+            if hooks == HOOK_GUARD {
+                // Guarded sampling alone: one range test, then the straight line.
+                if guarded::AREA.contains(ptr.addr()) {
+                    return miss(ptr, layout.size(), layout.align(), class, tc);
+                }
+                if lane.bin_full(class) {
+                    return miss(ptr, layout.size(), layout.align(), class, tc);
+                }
+                return lane.push(lane.bin(class), ptr, class);
+            }
             // Out of the straight line: records off and no tags is the case to keep short.
             cold_path();
             if hooks & HOOK_TAGS != 0 {
