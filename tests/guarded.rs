@@ -362,3 +362,71 @@ fn rate_one_in_ten() {
     drop(held);
     assert!(Sparse.set_guarded(None));
 }
+
+tagalloc::allocator!(Forked: child of SystemAllocator, "Guarded across fork");
+
+/// Forks while another thread allocates and frees guarded blocks: each child frees the
+/// guarded blocks it inherited and allocates new ones, and the parent's counts stay exact.
+#[test]
+fn fork_while_guarding() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    assert!(Forked.set_guarded(one()));
+    let start = Forked.stats();
+    let inherited: Vec<ApiBox<[u8; 64], Forked>> = (0..50)
+        .map(|i| ApiBox::new_in([i as u8; 64], Forked))
+        .collect();
+    assert!(
+        inherited
+            .iter()
+            .all(|b| tagalloc::guarded::is_guarded(b.as_ref().as_ptr()))
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let v: Vec<_> = (0..16)
+                    .map(|i| ApiBox::new_in([i as u8; 200], Forked))
+                    .collect();
+                drop(black_box(v));
+            }
+        })
+    };
+    for _ in 0..20 {
+        // SAFETY: the child only allocates, frees and exits without unwinding.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let ok = inherited.iter().enumerate().all(|(i, b)| b[0] == i as u8);
+            // The churning thread's blocks of the moment stay live here (it is gone).
+            let at_fork = Forked.stats().live_blocks;
+            // SAFETY: the child's own copy of the vector, dropped once (`inherited` is
+            // never used again: the child exits below).
+            drop(unsafe { core::ptr::read(&inherited) });
+            let fresh: Vec<_> = (0..20)
+                .map(|i| ApiBox::new_in([i as u8; 100], Forked))
+                .collect();
+            let guarded = fresh
+                .iter()
+                .all(|b| tagalloc::guarded::is_guarded(b.as_ref().as_ptr()));
+            drop(fresh);
+            let exact = Forked.stats().live_blocks == at_fork - 50;
+            let code = i32::from(!ok) | i32::from(!guarded) << 1 | i32::from(!exact) << 2;
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child status {status}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+    drop(inherited);
+    assert_eq!(Forked.stats().live_blocks, start.live_blocks);
+    assert!(Forked.set_guarded(None));
+}
