@@ -921,7 +921,7 @@ pub(crate) unsafe fn free_gated(
         let lane = (*tc).system();
         let hooks = lane.hooks.load(Relaxed);
         if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD) != 0 {
-            if hooks == HOOK_GUARD {
+            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD) == HOOK_GUARD {
                 // Guarded sampling alone: one range test, then the straight line.
                 if guarded::AREA.contains(ptr.addr()) {
                     return miss(ptr, layout.size(), layout.align(), class, tc);

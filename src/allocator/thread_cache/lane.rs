@@ -526,6 +526,17 @@ impl Lane {
             let bin = self.bin(class);
             let hooks = self.hooks.load(Relaxed);
             if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) != 0 {
+                if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) == HOOK_FREE_SAMPLED {
+                    // Sampled records alone: one filter test, then the straight line.
+                    if records::global::maybe_sampled(ptr) {
+                        return false;
+                    }
+                    if self.bin_full(class) {
+                        return false;
+                    }
+                    self.push(bin, ptr, class);
+                    return true;
+                }
                 // Out of the straight line: records off is the case to keep short.
                 cold_path();
                 if hooks & HOOK_FREE != 0
