@@ -1529,12 +1529,15 @@ impl ThreadCache {
         if hooks & HOOK_CLOSED != 0 {
             return SampleCharge::General; // a child's lane, closed meanwhile
         }
-        if hooks & HOOK_GUARD != 0 {
-            return SampleCharge::Due; // settled by `charge_guarded`
-        }
         // SAFETY: forwarded from the caller.
         let slot = unsafe { lane.slots.get_unchecked(class) };
         let until = slot.open_until.load(Relaxed);
+        if hooks & HOOK_GUARD != 0 {
+            if slot.allocations.load(Relaxed) < until {
+                return SampleCharge::Skip; // an empty bin, nothing due (`CLOSED` is 0)
+            }
+            return SampleCharge::Due; // settled by `charge_guarded`
+        }
         if hooks & (HOOK_ALLOC | HOOK_SAMPLE) == 0 {
             if until != OPEN {
                 self.set_open_until(lane, class, OPEN, hooks);
