@@ -668,6 +668,24 @@ macro_rules! __handle_common {
                 Self::registration().register();
                 Self::registration().record_mode()
             }
+
+            /// Guards one allocation in `every` of this allocator (`None`: none): its block
+            /// ends against an inaccessible page, so an overflow faults at once with a
+            /// message naming this allocator (see `tagalloc::guarded`). Overrides
+            /// `TAGALLOC_GUARDED`. `false`, changing nothing, for allocators that cannot
+            /// guard: pools, thread pools and their children.
+            pub fn set_guarded(
+                self,
+                every: ::core::option::Option<::core::num::NonZeroU32>,
+            ) -> bool {
+                Self::registration().set_guarded(every)
+            }
+
+            /// This allocator's guarded rate (one allocation in `N`), if any.
+            pub fn guarded(self) -> ::core::option::Option<::core::num::NonZeroU32> {
+                Self::registration().register();
+                Self::registration().guarded()
+            }
         }
 
         // SAFETY: the functions in `tagalloc::handle` implement the trait's contract on top

@@ -27,7 +27,7 @@ pub mod schema;
 mod allocator;
 pub mod records;
 pub(crate) use allocator::{budget, fork, lanes, stats, system, thread_cache};
-pub use allocator::{child, pools, registry};
+pub use allocator::{child, guarded, pools, registry};
 // 4. What programs use: per-type handles (`allocator!`), typed allocation, reports.
 pub mod handle;
 pub mod report;

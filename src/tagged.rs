@@ -34,9 +34,11 @@ use crate::records::RecordMode;
 use crate::registry::{Registration, SYSTEM};
 use crate::stats::AllocatorStats;
 use crate::system::SystemAllocator;
+use core::num::NonZeroU32;
 
 /// What every allocator offers besides allocating: its name, its statistics in one shape,
-/// its budget and the budget's hook, its records, and giving free memory back.
+/// its budget and the budget's hook, its records, guarded sampling, and giving free memory
+/// back.
 ///
 /// Implemented by every [`allocator!`](crate::allocator) handle and by the
 /// [`SystemAllocator`]; object-safe, so `&dyn TaggedAllocator` can hold any of them.
@@ -96,6 +98,18 @@ pub trait TaggedAllocator {
         let entry = self.registry_entry();
         entry.register();
         entry.record_mode()
+    }
+
+    /// Guards one allocation in `every` (`None`: none) against an inaccessible page (see
+    /// [`guarded`](crate::guarded)); overrides `TAGALLOC_GUARDED`. `false`, changing
+    /// nothing, for allocators that cannot guard (pools and their children).
+    fn set_guarded(&self, every: Option<NonZeroU32>) -> bool {
+        self.registry_entry().set_guarded(every)
+    }
+
+    /// One allocation in how many this allocator guards, if it does.
+    fn guarded(&self) -> Option<NonZeroU32> {
+        self.registry_entry().guarded()
     }
 }
 

@@ -46,7 +46,7 @@ test_binaries() {
 
 THREAD_TESTS=(global_threads thread_churn child_threads thread_pool_threads records_threads
   child_lanes lane_transitions lane_transitions_global budget_edges pools shard_slots
-  records_buffers records_report child_requested_off scoped scoped_threads budget_lanes child_sampled)
+  records_buffers records_report child_requested_off scoped scoped_threads budget_lanes child_sampled guarded)
 
 stage_models() {
   local cases=${STRESS_CASES:-20000}

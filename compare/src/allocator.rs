@@ -21,6 +21,9 @@
     all(feature = "alloc-tagalloc-child", feature = "alloc-tagalloc-scoped"),
     all(feature = "alloc-tagalloc-child", feature = "alloc-tagalloc-thp"),
     all(feature = "alloc-tagalloc-scoped", feature = "alloc-tagalloc-thp"),
+    all(feature = "alloc-tagalloc-guarded", feature = "alloc-tagalloc-thp"),
+    all(feature = "alloc-tagalloc-guarded", feature = "alloc-tagalloc-scoped"),
+    all(feature = "alloc-tagalloc-guarded", feature = "alloc-tagalloc-child"),
 ))]
 compile_error!(
     "enable exactly one of the features alloc-tagalloc, alloc-system, alloc-mimalloc, alloc-jemalloc"
@@ -40,18 +43,23 @@ pub const ALL: [&str; 4] = ["tagalloc", "system", "mimalloc", "jemalloc"];
 /// allocator, every thread inside one allocation group, whose tracker counts live bytes.
 /// `tagalloc-thp` is tagalloc with transparent huge pages for its small-block heap past
 /// 8 MiB (`TAGALLOC_HUGE_PAGES=auto`), to decide that setting's default by measurement.
-pub const EXTRA: [&str; 4] = [
+/// `tagalloc-guarded` is tagalloc with guarded sampling of the `SystemAllocator` at one
+/// allocation in 1000 (what `TAGALLOC_GUARDED="SystemAllocator=1/1000"` sets), to measure
+/// what it costs.
+pub const EXTRA: [&str; 5] = [
     "tagalloc-child",
     "tagalloc-scoped",
     "tracking",
     "tagalloc-thp",
+    "tagalloc-guarded",
 ];
 
 #[cfg(all(
     feature = "alloc-tagalloc",
     not(feature = "alloc-tagalloc-child"),
     not(feature = "alloc-tagalloc-scoped"),
-    not(feature = "alloc-tagalloc-thp")
+    not(feature = "alloc-tagalloc-thp"),
+    not(feature = "alloc-tagalloc-guarded")
 ))]
 mod chosen {
     #[global_allocator]
@@ -104,6 +112,28 @@ mod chosen {
     /// Runs `f` inside the tag.
     pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
         Program.scope(f)
+    }
+}
+
+#[cfg(feature = "alloc-tagalloc-guarded")]
+mod chosen {
+    #[global_allocator]
+    static GLOBAL: tagalloc::SystemAllocator = tagalloc::SystemAllocator::new();
+
+    pub const NAME: &str = "tagalloc-guarded";
+    pub const NOTE: &str = "";
+
+    /// The `SystemAllocator`'s `garbage_collect`, as for plain tagalloc.
+    pub fn trim() -> bool {
+        GLOBAL.garbage_collect();
+        true
+    }
+
+    /// Guarded sampling on (once) before the workload's first thread runs.
+    pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
+        static ON: std::sync::Once = std::sync::Once::new();
+        ON.call_once(|| GLOBAL.set_guarded(core::num::NonZeroU32::new(1000)));
+        f()
     }
 }
 
@@ -302,7 +332,8 @@ pub fn trim() -> bool {
 #[cfg(any(
     feature = "alloc-tagalloc-scoped",
     feature = "alloc-tracking",
-    feature = "alloc-tagalloc-thp"
+    feature = "alloc-tagalloc-thp",
+    feature = "alloc-tagalloc-guarded"
 ))]
 pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
     chosen::in_thread(f)
@@ -312,7 +343,8 @@ pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
 #[cfg(not(any(
     feature = "alloc-tagalloc-scoped",
     feature = "alloc-tracking",
-    feature = "alloc-tagalloc-thp"
+    feature = "alloc-tagalloc-thp",
+    feature = "alloc-tagalloc-guarded"
 )))]
 pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
     f()

@@ -1087,7 +1087,7 @@ impl<P: BlockAllocator, H: BlockAllocator, const REQUESTED: bool> Child<P, H, RE
         let old_class = fast_class(layout)?;
         let new_layout = Layout::from_size_align(new_size, layout.align()).ok()?;
         let new_class = fast_class(new_layout)?;
-        let lane = thread_cache::lane_for_resize(self.counters().tag()?)?;
+        let lane = thread_cache::lane_for_resize(self.counters().tag()?, ptr.as_ptr())?;
         let old = fast_class_size(old_class);
         if old_class == new_class {
             lane.count_resize(layout.size(), new_size, false);

@@ -53,12 +53,14 @@ use crate::schema::hpha::{MAX_TAGS, Tag};
 use crate::stats::{Counters, Registry, ShardSum};
 use crate::thread_cache::{
     self, CHILD_LANES, HOOK_ALLOC, HOOK_BUDGET, HOOK_CLOSED, HOOK_FREE, HOOK_FREE_SAMPLED,
-    HOOK_SAMPLE, Lane, ThreadList,
+    HOOK_GUARD, HOOK_SAMPLE, Lane, ThreadList,
 };
 use core::alloc::Layout;
 use core::ptr::NonNull;
 use core::ptr::{self, null_mut};
-use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
+use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::*,
+};
 
 /// The child that owns each tag (tag 0 is the `SystemAllocator`'s).
 static OWNERS: [AtomicPtr<Registration>; MAX_TAGS] =
@@ -73,6 +75,13 @@ static GATES: [AtomicU8; MAX_TAGS] = [const { AtomicU8::new(CLOSED) }; MAX_TAGS]
 /// intervals of the allocators that sample its lanes' blocks (its owner, the children above
 /// it, the `SystemAllocator`); 0 while none samples.
 static SAMPLE_INTERVALS: [AtomicU64; MAX_TAGS] = [const { AtomicU64::new(0) }; MAX_TAGS];
+/// Each tag's guarded sampling rate as last computed by [`refresh`]: one allocation in
+/// `N` guarded, `N` the smallest over the allocators whose figures hold the tag's blocks
+/// (its owner, the children above it, the `SystemAllocator`); 0 while none guards.
+static GUARD_INTERVALS: [AtomicU32; MAX_TAGS] = [const { AtomicU32::new(0) }; MAX_TAGS];
+/// The tags whose lanes ever guarded: their frees keep asking whether a block is a guarded
+/// one (`HOOK_GUARD`) after the setting goes, for the guarded blocks still live.
+static GUARDED_ONCE: [AtomicBool; MAX_TAGS] = [const { AtomicBool::new(false) }; MAX_TAGS];
 
 /// A lane's hooks byte when it is closed.
 const CLOSED: u8 = HOOK_FREE | HOOK_CLOSED;
@@ -120,10 +129,37 @@ pub(crate) fn serves(hooks: u8) -> bool {
     hooks & HOOK_FREE == 0
 }
 
-/// The gate of a lane owned by `owner` (see [`gate`]) and its sampling interval (0: none).
-/// Called by [`refresh`], under the thread registry's lock, once it decided which budgets
-/// are far.
-fn compute_gate(owner: &'static Registration) -> (u8, u64) {
+/// The gate of a lane owned by `owner` (see [`gate`]), its sampling interval (0: none)
+/// and its guarded sampling rate (0: none); `guarded_once` is the tag's
+/// [`GUARDED_ONCE`]. Called by [`refresh`], under the thread registry's lock, once it
+/// decided which budgets are far.
+fn compute_gate(owner: &'static Registration, guarded_once: &AtomicBool) -> (u8, u64, u32) {
+    let guard = core::iter::once(&SYSTEM)
+        .chain(chain(owner))
+        .filter_map(|r| r.guard_every())
+        .min()
+        .unwrap_or(0);
+    if guard != 0 {
+        guarded_once.store(true, Relaxed);
+    }
+    let (mut gate, interval) = compute_records_gate(owner);
+    if gate == CLOSED {
+        // The general path guards for itself (see `guarded`).
+        return (CLOSED, 0, guard);
+    }
+    if guard != 0 && gate & HOOK_BUDGET != 0 {
+        // A budget's checkpoints and the guard's countdown would drive the same marks:
+        // the general path serves both.
+        return (CLOSED, 0, guard);
+    }
+    if guarded_once.load(Relaxed) {
+        gate |= HOOK_GUARD;
+    }
+    (gate, interval, guard)
+}
+
+/// [`compute_gate`] for records and budgets.
+fn compute_records_gate(owner: &'static Registration) -> (u8, u64) {
     let system = records::global::thread_hooks();
     if system & (HOOK_ALLOC | HOOK_FREE) != 0 {
         // The `SystemAllocator` records every block (or may hold records of any).
@@ -267,6 +303,13 @@ pub(crate) fn maybe_reopen(r: &'static Registration) {
     }
 }
 
+/// One allocation in how many the lanes of `tag` guard (see [`GUARD_INTERVALS`]); 0: none.
+pub(crate) fn guard_interval(tag: Tag) -> u32 {
+    GUARD_INTERVALS
+        .get(usize::from(tag))
+        .map_or(0, |g| g.load(Relaxed))
+}
+
 /// The interval at which lanes of `tag` sample (see [`SAMPLE_INTERVALS`]), if they do.
 pub(crate) fn sample_interval(tag: Tag) -> Option<u64> {
     let interval = SAMPLE_INTERVALS.get(usize::from(tag))?.load(Relaxed);
@@ -366,8 +409,11 @@ pub(crate) fn refresh() {
         r.counters().set_lanes_closed_for_budget(!far);
     }
     for (index, gate) in GATES.iter().enumerate().take(end()).skip(1) {
-        let (hooks, interval) = owner(index as Tag).map_or((CLOSED, 0), compute_gate);
+        let (hooks, interval, guard) = owner(index as Tag).map_or((CLOSED, 0, 0), |owner| {
+            compute_gate(owner, &GUARDED_ONCE[index])
+        });
         SAMPLE_INTERVALS[index].store(interval, Relaxed);
+        GUARD_INTERVALS[index].store(guard, Relaxed);
         gate.store(hooks, Relaxed);
     }
     threads.apply_lane_gates();

@@ -5,6 +5,7 @@
 pub(crate) mod budget;
 pub mod child;
 pub(crate) mod fork;
+pub mod guarded;
 pub(crate) mod lanes;
 pub mod pools;
 pub mod registry;

@@ -21,7 +21,7 @@ use crate::stats::{AllocatorStats, Counters};
 use crate::system::SystemAllocator;
 use core::fmt;
 use core::ptr;
-use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 
 /// What kind of allocator a registration describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,6 +82,11 @@ pub struct Registration {
     counters: Counters,
     budget: Budget,
     records: RecordSettings,
+    /// Guarded sampling: one allocation in this many placed against a guard page (0: off);
+    /// see [`set_guarded`](Self::set_guarded).
+    guard_every: AtomicU32,
+    /// Whether code set [`guard_every`](Self::guard_every) (the environment then does not).
+    guard_from_code: AtomicBool,
     /// The lock the fork handlers take for this allocator, if it has one (see `fork`).
     fork_lock: Option<ForkLock>,
     /// False for a child declared with `requested_bytes: false`, which does not count the
@@ -200,6 +205,8 @@ impl Registration {
             counters: Counters::new(),
             budget: Budget::new(),
             records: RecordSettings::new(),
+            guard_every: AtomicU32::new(0),
+            guard_from_code: AtomicBool::new(false),
             fork_lock: None,
             keeps_requested: true,
             child_ops: None,
@@ -506,6 +513,78 @@ impl Registration {
             crate::thread_cache::system_records_changed();
         } else {
             // A child with records takes its general path (see `lanes`).
+            crate::lanes::refresh();
+        }
+    }
+}
+
+/// Guarded sampling (see [`crate::guarded`]).
+impl Registration {
+    /// Whether guarded sampling can place this allocator's blocks: the `SystemAllocator`,
+    /// and children whose chain of parents is children down to it (their blocks are the
+    /// `SystemAllocator`'s). Pools carve their own pages, so neither they nor their
+    /// children can.
+    pub fn guarded_supported(&self) -> bool {
+        let mut r = self;
+        loop {
+            match r.kind {
+                AllocatorKind::System => return true,
+                AllocatorKind::Child => match r.parent() {
+                    Some(parent) => r = parent,
+                    None => return false,
+                },
+                _ => return false,
+            }
+        }
+    }
+
+    /// Places one allocation in `every` (chosen at random, `every` on average apart) of
+    /// this allocator's blocks of up to 4 KiB against an inaccessible page, so that a read
+    /// or write past such a block's end stops the program at once with a message naming
+    /// this allocator and the block ([`crate::guarded`] says how). `None` stops placing
+    /// new ones. Overrides `TAGALLOC_GUARDED`. Returns `false`, changing nothing, where
+    /// [`guarded_supported`](Self::guarded_supported) is false.
+    pub fn set_guarded(&'static self, every: Option<core::num::NonZeroU32>) -> bool {
+        records::env::ensure_read();
+        self.register();
+        if !self.guarded_supported() {
+            return false;
+        }
+        self.guard_from_code.store(true, Ordering::Relaxed);
+        self.apply_guarded(every.map_or(0, core::num::NonZeroU32::get));
+        true
+    }
+
+    /// One allocation in how many this allocator guards, if it does (after the
+    /// environment has been read).
+    pub fn guarded(&self) -> Option<core::num::NonZeroU32> {
+        records::env::ensure_read();
+        core::num::NonZeroU32::new(self.guard_every.load(Ordering::Relaxed))
+    }
+
+    /// The rate as it stands, for the lanes (0: none).
+    pub(crate) fn guard_every(&self) -> Option<u32> {
+        core::num::NonZeroU32::new(self.guard_every.load(Ordering::Relaxed)).map(|n| n.get())
+    }
+
+    /// Applies a rate from the environment (unless code has set one).
+    pub(crate) fn apply_guarded_from_env(&'static self, every: u32) {
+        if self.guarded_supported() && !self.guard_from_code.load(Ordering::Relaxed) {
+            self.apply_guarded(every);
+        }
+    }
+
+    fn apply_guarded(&'static self, every: u32) {
+        if every != 0 {
+            crate::guarded::enable();
+        }
+        self.guard_every.store(every, Ordering::Relaxed);
+        if core::ptr::eq(self, &SYSTEM) {
+            // Lane 0's marks close, so each thread draws its countdowns afresh; the lanes'
+            // gates are recomputed too (the `SystemAllocator`'s rate applies to them).
+            crate::thread_cache::system_records_changed();
+        } else {
+            crate::lanes::claim(self);
             crate::lanes::refresh();
         }
     }

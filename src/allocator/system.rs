@@ -4,6 +4,7 @@
 //! built in a `const` context, so it works from the first allocation before `main` to the
 //! last one during exit, from any thread, with no lazy initialisation.
 
+use crate::guarded;
 use crate::lanes;
 use crate::records;
 use crate::registry::SYSTEM;
@@ -47,12 +48,15 @@ impl SystemAllocator {
         let large = HEAP.large_heap().stats();
         let front = thread_cache::front_totals();
         let (small_blocks, small_bytes) = front.live_blocks_and_bytes();
+        // Guarded blocks (any tag's) are small blocks outside the heap's pages.
+        let guard = guarded::stats();
         HphaStats {
-            granted_bytes: small_bytes + large.granted_bytes,
-            live_blocks: small_blocks + large.live_blocks,
-            allocations: front.allocations + large.allocations,
-            frees: front.frees + large.frees,
-            small_granted_bytes: small_bytes,
+            granted_bytes: small_bytes + guard.live_bytes + large.granted_bytes,
+            live_blocks: small_blocks + guard.live_blocks + large.live_blocks,
+            allocations: front.allocations + guard.allocations as u64 + large.allocations,
+            frees: front.frees + guard.frees as u64 + large.frees,
+            held_bytes: heap.held_bytes + guard.committed_bytes,
+            small_granted_bytes: small_bytes + guard.live_bytes,
             thread_cached_bytes: heap.small_granted_bytes.saturating_sub(small_bytes),
             ..heap
         }
@@ -91,6 +95,7 @@ impl SystemAllocator {
         thread_cache::flush_current_thread();
         thread_cache::flush_parked();
         HEAP.garbage_collect();
+        guarded::AREA.trim();
     }
 
     /// The bytes usable in a block this allocator returned for `layout` (its class or block
@@ -99,8 +104,35 @@ impl SystemAllocator {
     /// # Safety
     /// `ptr` must be a live block allocated by this allocator with `layout`.
     pub unsafe fn usable_size(&self, ptr: NonNull<u8>, layout: Layout) -> usize {
+        if let Some(usable) = guarded::usable(ptr.as_ptr()) {
+            return usable;
+        }
         // SAFETY: forwarded from the caller.
         unsafe { HEAP.usable_size(ptr, layout) }
+    }
+
+    /// Guards one allocation in `every` of the `SystemAllocator` (all of them, its
+    /// children's too: the shortest rate on a block's way down wins), `None` for none: the
+    /// block ends against an inaccessible page, so an overflow faults at once and the
+    /// fault handler names the allocator (see [`guarded`](crate::guarded)). Overrides
+    /// `TAGALLOC_GUARDED`.
+    ///
+    /// ```
+    /// use core::num::NonZeroU32;
+    /// use tagalloc::SystemAllocator;
+    ///
+    /// SystemAllocator::new().set_guarded(NonZeroU32::new(1000));
+    /// assert_eq!(SystemAllocator::new().guarded(), NonZeroU32::new(1000));
+    /// SystemAllocator::new().set_guarded(None);
+    /// ```
+    pub fn set_guarded(&self, every: Option<core::num::NonZeroU32>) {
+        let applied = crate::registry::SYSTEM.set_guarded(every);
+        debug_assert!(applied);
+    }
+
+    /// The `SystemAllocator`'s guarded rate (one allocation in `N`), if any.
+    pub fn guarded(&self) -> Option<core::num::NonZeroU32> {
+        crate::registry::SYSTEM.guarded()
     }
 
     /// `GlobalAlloc::alloc` that also says how big the block is (its class's size for a
@@ -108,7 +140,9 @@ impl SystemAllocator {
     #[inline(always)]
     pub(crate) fn allocate_granted(&self, layout: Layout) -> Option<Allocation> {
         if let Some(class) = fast_class(layout) {
-            let ptr = thread_cache::allocate_gated::<false>(class, layout, alloc_small_missed);
+            // Unguarded: the caller may use the whole class size it is told.
+            let ptr =
+                thread_cache::allocate_gated::<false>(class, layout, alloc_small_missed_unguarded);
             let size = fast_class_size(class);
             return NonNull::new(ptr).map(|ptr| Allocation { ptr, size });
         }
@@ -218,6 +252,9 @@ unsafe impl GlobalAlloc for SystemAllocator {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: GlobalAlloc's contract, forwarded.
         unsafe {
+            if guarded::AREA.contains(ptr.addr()) {
+                return realloc_guarded(ptr, layout, new_size);
+            }
             if thread_cache::tags_in_use() {
                 let tag = HEAP.tag_of(NonNull::new_unchecked(ptr), layout);
                 if tag != 0 {
@@ -379,8 +416,27 @@ unsafe fn free_if_tagged(
 /// but tail calls, so no stack frame.
 #[inline(never)]
 fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
+    alloc_small_missed_as::<true>(size, align, class, tc)
+}
+
+/// [`alloc_small_missed`] for a caller told the block's class size (the `SystemAllocator`
+/// as a [`BlockAllocator`](crate::BlockAllocator)): never a guarded block, whose usable
+/// size is less.
+#[inline(never)]
+fn alloc_small_missed_unguarded(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
+    alloc_small_missed_as::<false>(size, align, class, tc)
+}
+
+/// [`alloc_small_missed`], a guarded sample taken (`GUARD`) or passed over.
+#[inline(always)]
+fn alloc_small_missed_as<const GUARD: bool>(
+    size: usize,
+    align: usize,
+    class: usize,
+    tc: CacheRef,
+) -> *mut u8 {
     if tc.is_null() {
-        return alloc_small_tls(size, align, class);
+        return alloc_small_tls::<GUARD>(size, align, class);
     }
     // SAFETY: the fast path passes this thread's cache and the request's class.
     unsafe {
@@ -397,7 +453,10 @@ fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> 
         match thread_cache::charge(tc, class) {
             SampleCharge::Skip => thread_cache::allocate_in(tc, class),
             SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
-            SampleCharge::Due => alloc_small_due(size, align, class, tc),
+            SampleCharge::Due if GUARD => alloc_small_due(size, align, class, tc),
+            SampleCharge::Due => alloc_small_due_unguarded(size, align, class, tc),
+            SampleCharge::Guarded if GUARD => alloc_small_guarded(size, align, class, tc),
+            SampleCharge::Guarded => thread_cache::allocate_in(tc, class),
             SampleCharge::General => alloc_slow(Layout::from_size_align_unchecked(size, align)),
         }
     }
@@ -406,22 +465,123 @@ fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> 
 /// [`alloc_small_missed`] when the class's sample countdown ran out (or was never drawn).
 #[inline(never)]
 fn alloc_small_due(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
+    alloc_small_due_as::<true>(size, align, class, tc)
+}
+
+/// [`alloc_small_due`] for [`alloc_small_missed_unguarded`].
+#[inline(never)]
+fn alloc_small_due_unguarded(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
+    alloc_small_due_as::<false>(size, align, class, tc)
+}
+
+#[inline(always)]
+fn alloc_small_due_as<const GUARD: bool>(
+    size: usize,
+    align: usize,
+    class: usize,
+    tc: CacheRef,
+) -> *mut u8 {
     // SAFETY: `alloc_small_missed` passes this thread's cache and the request's class.
     unsafe {
         match thread_cache::charge_due(tc, class) {
             SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
-            SampleCharge::Skip | SampleCharge::Due => thread_cache::allocate_in(tc, class),
+            SampleCharge::Guarded if GUARD => alloc_small_guarded(size, align, class, tc),
+            SampleCharge::Skip | SampleCharge::Due | SampleCharge::Guarded => {
+                thread_cache::allocate_in(tc, class)
+            }
             SampleCharge::General => alloc_slow(Layout::from_size_align_unchecked(size, align)),
         }
     }
 }
 
+/// A small allocation of the `SystemAllocator`'s own lane that guarded sampling chose: a
+/// guarded block, or the lane's block when the guarded area has none to give.
+#[cold]
+#[inline(never)]
+fn alloc_small_guarded(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
+    // SAFETY: the fast path had a valid layout with this size and alignment.
+    let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
+    if let Some(p) = guarded::allocate(layout, 0) {
+        return p.as_ptr();
+    }
+    if tc.is_null() {
+        return thread_cache::allocate(class);
+    }
+    // SAFETY: the fast path passes this thread's cache and the request's class.
+    unsafe { thread_cache::allocate_in(tc, class) }
+}
+
+/// `GlobalAlloc::realloc` of a guarded block: moved to a block of the same allocator (its
+/// child's through the child, the `SystemAllocator`'s as an untagged allocation), the
+/// guarded one freed (and checked).
+///
+/// # Safety
+/// `GlobalAlloc::realloc`'s contract, `ptr` in the guarded area.
+#[cold]
+#[inline(never)]
+unsafe fn realloc_guarded(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+    let Some(tag) = guarded::live_tag(ptr) else {
+        guarded::not_live(ptr, layout)
+    };
+    if tag != 0 {
+        // SAFETY: forwarded from the caller: a live block of `tag`.
+        return unsafe { scoped_realloc(ptr, layout, new_size, tag) };
+    }
+    // SAFETY: GlobalAlloc's contract makes `new_size` at this alignment a valid layout.
+    let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+    let new = alloc_slow(new_layout);
+    if !new.is_null() {
+        // SAFETY: both blocks are live and distinct, each at least as long as copied; the
+        // old one is freed once.
+        unsafe {
+            ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+            dealloc_guarded_untagged(ptr, layout);
+        }
+    }
+    new
+}
+
+/// A free through the global allocator of a block in the guarded area: through its
+/// child if it is a tag's, else checked and freed here.
+///
+/// # Safety
+/// `GlobalAlloc::dealloc`'s contract (misuse is diagnosed); `ptr` in the guarded area.
+#[cold]
+#[inline(never)]
+unsafe fn dealloc_guarded(ptr: *mut u8, size: usize, align: usize) {
+    // SAFETY: the caller's layout was valid.
+    let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match guarded::live_tag(ptr) {
+            Some(0) | None => dealloc_guarded_untagged(ptr, layout),
+            Some(tag) => scoped_free(ptr, layout, tag),
+        }
+    }
+}
+
+/// Frees a guarded block of the `SystemAllocator` itself (its records first).
+///
+/// # Safety
+/// As for [`dealloc_guarded`].
+unsafe fn dealloc_guarded_untagged(ptr: *mut u8, layout: Layout) {
+    if records::global::free_hooked() {
+        if let Some(p) = NonNull::new(ptr) {
+            records::before_free(&SYSTEM, p);
+        }
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { guarded::free(ptr, layout) };
+}
+
 /// The fast path where the thread pointer cannot reach the cache: the same, through
 /// `thread_local!`.
 #[inline(never)]
-fn alloc_small_tls(size: usize, align: usize, class: usize) -> *mut u8 {
+fn alloc_small_tls<const GUARD: bool>(size: usize, align: usize, class: usize) -> *mut u8 {
     match thread_cache::charge_tls(class) {
         SampleCharge::Skip => thread_cache::allocate(class),
+        SampleCharge::Guarded if GUARD => alloc_small_guarded(size, align, class, ptr::null()),
+        SampleCharge::Guarded => thread_cache::allocate(class),
         SampleCharge::Sampled(interval) => alloc_small_sampled(size, align, interval),
         SampleCharge::General | SampleCharge::Due => {
             // SAFETY: the fast path had a valid layout with this size and alignment.
@@ -451,12 +611,25 @@ fn alloc_small_sampled(size: usize, align: usize, interval: u64) -> *mut u8 {
 #[inline(always)]
 pub(crate) unsafe fn heap_granted(ptr: NonNull<u8>, layout: Layout) -> usize {
     if let Some(class) = fast_class(layout) {
+        if guarded::AREA.contains(ptr.as_ptr().addr()) {
+            return guarded_usable(ptr, layout);
+        }
         fast_class_size(class)
     } else {
         // A non-zero size that `fast_class` leaves out is past the small classes, so the
         // block is the large heap's (`fast_class` agrees with the heap's `class_for`).
         // SAFETY: forwarded from the caller.
         unsafe { LargeHeap::usable_size(ptr.as_ptr()) }
+    }
+}
+
+/// The usable size of a guarded block, for [`heap_granted`].
+#[cold]
+#[inline(never)]
+fn guarded_usable(ptr: NonNull<u8>, layout: Layout) -> usize {
+    match guarded::usable(ptr.as_ptr()) {
+        Some(usable) => usable,
+        None => guarded::not_live(ptr.as_ptr(), layout),
     }
 }
 
@@ -541,6 +714,9 @@ unsafe fn dealloc_small_missed(
         if tc.is_null() {
             return dealloc_small_tls(ptr, size, align, class);
         }
+        if guarded::AREA.contains(ptr.addr()) {
+            return dealloc_guarded(ptr, size, align);
+        }
         // The process-wide flag, not lane 0's `HOOK_TAGS`: a cache that is not registered yet,
         // or already retired (a thread's last frees in its TLS destructors), has hooks that
         // send every free here without that bit, and a tag's block must still go back to
@@ -594,6 +770,9 @@ unsafe fn dealloc_small_recorded(ptr: *mut u8, class: usize, tc: CacheRef, forgo
 unsafe fn dealloc_small_tls(ptr: *mut u8, size: usize, align: usize, class: usize) {
     // SAFETY: as in `dealloc_small_missed`.
     unsafe {
+        if guarded::AREA.contains(ptr.addr()) {
+            return dealloc_guarded(ptr, size, align);
+        }
         if thread_cache::tags_in_use()
             && thread_cache::with_cache(|tc| free_if_tagged(ptr, size, align, class, tc))
         {
@@ -786,6 +965,17 @@ fn allocate_for_tag_unrecorded(layout: Layout, tag: Tag, zeroed: bool) -> Option
     thread_cache::apply_environment_once();
     match class_for(layout.size(), layout.align()) {
         Some(class) => {
+            if guarded::wanted(tag, layout) {
+                if let Some(ptr) = guarded::allocate(layout, tag) {
+                    // Counted in the guarded area's figures (see `SystemAllocator::stats`).
+                    let size = guarded::usable(ptr.as_ptr()).unwrap_or(layout.size());
+                    if zeroed {
+                        // SAFETY: the block is ours and `size` bytes long.
+                        unsafe { ptr.as_ptr().write_bytes(0, size) };
+                    }
+                    return Some(Allocation { ptr, size });
+                }
+            }
             let p = match thread_cache::allocate_uncounted(tag, class) {
                 Some(p) => p,
                 None => {
@@ -846,6 +1036,9 @@ unsafe fn deallocate_for_tag_unrecorded(ptr: NonNull<u8>, layout: Layout, tag: T
     // SAFETY: forwarded from the caller: a live block of `tag`, whose heap exists.
     unsafe {
         match class_for(layout.size(), layout.align()) {
+            Some(_) if guarded::AREA.contains(ptr.as_ptr().addr()) => {
+                guarded::free(ptr.as_ptr(), layout).usable
+            }
             Some(class) => {
                 if !thread_cache::free_uncounted(tag, ptr.as_ptr(), class) {
                     let Some(small) = HEAP.small_heap_of(tag) else {
@@ -904,7 +1097,9 @@ unsafe fn reallocate_for_tag_unrecorded(
     let align = layout.align();
     // SAFETY: forwarded from the caller.
     let old = unsafe { heap_granted(ptr, layout) };
+    let guarded = guarded::AREA.contains(ptr.as_ptr().addr());
     match (class_for(layout.size(), align), class_for(new_size, align)) {
+        _ if guarded => {} // moved (a guarded block has no room to grow or shrink in)
         (Some(a), Some(b)) if a == b => {
             return Some((
                 Allocation {

@@ -32,10 +32,10 @@ mod parked;
 
 use dynamic::{DynamicLanes, LanePool};
 pub(crate) use lane::Lane;
-use lane::{CLOSED, OPEN, bin_limit, freeing_limit};
+use lane::{CLOSED, FAR, OPEN, bin_limit, freeing_limit};
 use parked::Parked;
 
-use super::{lanes, thread_pointer};
+use super::{guarded, lanes, thread_pointer};
 use crate::config;
 use crate::os::OsAllocator;
 use crate::records;
@@ -89,6 +89,12 @@ pub(crate) const HOOK_BUDGET: u8 = 64;
 /// through the global allocator may be a tag's: the free fast path leaves lane 0 for the
 /// miss path, which reads the block's segment tag (see `crate::scope`). Never cleared.
 pub(crate) const HOOK_TAGS: u8 = 32;
+/// Guarded sampling was turned on somewhere: in lane 0 and in the lanes of a tag that
+/// guards (or once did), frees ask whether a block is a guarded one (one range test, out of
+/// the straight line) and the allocation marks include the next guarded allocation of each
+/// class (see `ThreadCache::charge_guarded` and `crate::allocator::guarded`). Never cleared
+/// from lane 0: a guarded block may be freed long after the setting went.
+pub(crate) const HOOK_GUARD: u8 = 128;
 /// A cache that is new or dead sends everything down the general path, which checks the
 /// settings word itself and registers the cache.
 pub(super) const HOOKS_UNREGISTERED: u8 = HOOK_ALLOC | HOOK_FREE;
@@ -183,6 +189,9 @@ pub(crate) struct ThreadCache {
     dynamic: DynamicLanes,
     /// The owner's generator for sample countdowns (0 until seeded).
     sample_rng: Cell<u64>,
+    /// The tag whose next general-path small allocation guarded sampling chose (0: none):
+    /// set where a lane's countdown ran out, taken at the bottom of the general path.
+    guard_request: Cell<Tag>,
     /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`).
     shards: ShardSet,
     state: Cell<u8>,
@@ -204,6 +213,7 @@ impl ThreadCache {
             lanes_used: AtomicU32::new(1),
             dynamic: DynamicLanes::new(),
             sample_rng: Cell::new(0),
+            guard_request: Cell::new(0),
             shards: ShardSet::new(),
             state: Cell::new(STATE_NEW),
             next: AtomicPtr::new(null_mut()),
@@ -910,16 +920,30 @@ pub(crate) unsafe fn free_gated(
         let tc = addr as CacheRef;
         let lane = (*tc).system();
         let hooks = lane.hooks.load(Relaxed);
-        if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS) != 0 {
+        if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD) != 0 {
+            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD) == HOOK_GUARD {
+                // Guarded sampling alone: one range test, then the straight line.
+                if guarded::AREA.contains(ptr.addr()) {
+                    return miss(ptr, layout.size(), layout.align(), class, tc);
+                }
+                if lane.bin_full(class) {
+                    return miss(ptr, layout.size(), layout.align(), class, tc);
+                }
+                return lane.push(lane.bin(class), ptr, class);
+            }
             // Out of the straight line: records off and no tags is the case to keep short.
             cold_path();
             if hooks & HOOK_TAGS != 0 {
+                // A guarded block's segment tag is no lane's: it misses here.
                 if free_in_current_lane(tc, ptr, class, layout.size()) {
                     return;
                 }
                 return miss(ptr, layout.size(), layout.align(), class, tc);
             }
-            if hooks & HOOK_FREE != 0 || records::global::maybe_sampled(ptr) {
+            if hooks & HOOK_FREE != 0
+                || (hooks & HOOK_GUARD != 0 && guarded::AREA.contains(ptr.addr()))
+                || (hooks & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr))
+            {
                 return miss(ptr, layout.size(), layout.align(), class, tc);
             }
         }
@@ -1030,12 +1054,15 @@ fn lane_usable(tc: &ThreadCache, tag: Tag) -> Option<&Lane> {
 /// the resize and its counts are this thread's to write. `None`: the child takes its
 /// general path.
 #[inline(always)]
-pub(crate) fn lane_for_resize(tag: Tag) -> Option<&'static Lane> {
+pub(crate) fn lane_for_resize(tag: Tag, ptr: *mut u8) -> Option<&'static Lane> {
     with_cache(|tc| {
         let lane = tc.lane_of(tag)?;
+        let hooks = lane.hooks.load(Relaxed);
+        // Guarded sampling alone leaves the lane plain for blocks that are not guarded.
+        let plain = hooks == 0 || (hooks == HOOK_GUARD && !guarded::AREA.contains(ptr.addr()));
         // `'static` stands for "this thread's lifetime": the caller uses it in this call.
         // SAFETY: a lane of this thread's cache, valid until the thread exits.
-        lane_plain(tc, lane).then(|| unsafe { &*ptr::from_ref(lane) })
+        (plain && tc.state.get() == STATE_ACTIVE).then(|| unsafe { &*ptr::from_ref(lane) })
     })
 }
 
@@ -1160,6 +1187,12 @@ unsafe fn lane_allocate_hooked(
         let sampled = match tc.charge_settled(lane, class) {
             SampleCharge::Sampled(interval) => Some(interval),
             SampleCharge::General => return None,
+            SampleCharge::Guarded => {
+                // The child's general path serves it, and its bottom places the block in
+                // the guarded area (see `take_guard_request`).
+                tc.guard_request.set(tag);
+                return None;
+            }
             SampleCharge::Skip | SampleCharge::Due => None,
         };
         let p = tc.allocate(lane, class);
@@ -1256,8 +1289,12 @@ unsafe fn lane_free_hooked(
     let Some(lane) = lane_usable(tc, tag) else {
         return false;
     };
-    if lane.hooks.load(Relaxed) & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr) {
+    let hooks = lane.hooks.load(Relaxed);
+    if hooks & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr) {
         return false; // the general path removes its record
+    }
+    if hooks & HOOK_GUARD != 0 && guarded::AREA.contains(ptr.addr()) {
+        return false; // the general path gives a guarded block back to the area
     }
     // SAFETY: the cache is this thread's and live, the lane open; the block is forwarded
     // from the caller.
@@ -1284,7 +1321,9 @@ pub(crate) fn tags_in_use() -> bool {
 /// What lane 0's hooks byte holds: the `SystemAllocator`'s records hooks, and
 /// [`HOOK_TAGS`] once tags are in use.
 fn lane0_hooks() -> u8 {
-    records::global::thread_hooks() | if tags_in_use() { HOOK_TAGS } else { 0 }
+    records::global::thread_hooks()
+        | if tags_in_use() { HOOK_TAGS } else { 0 }
+        | if guarded::ever() { HOOK_GUARD } else { 0 }
 }
 
 /// Marks tags as in use, before the first scoped allocation: from now on every cache's free
@@ -1306,6 +1345,18 @@ pub(crate) fn enable_tags() {
         }
     }
     // A cache registering later reads the flag under the same lock (`lane0_hooks`).
+}
+
+/// Whether a lane's countdown chose the calling thread's next general-path allocation of
+/// `tag` to be guarded (then the request is taken).
+pub(crate) fn take_guard_request(tag: Tag) -> bool {
+    with_cache(|tc| {
+        let wanted = tc.guard_request.get() == tag;
+        if wanted {
+            tc.guard_request.set(0);
+        }
+        wanted
+    })
 }
 
 /// Enters `tag` on the calling thread (0: none); returns the tag it replaces.
@@ -1481,6 +1532,12 @@ impl ThreadCache {
         // SAFETY: forwarded from the caller.
         let slot = unsafe { lane.slots.get_unchecked(class) };
         let until = slot.open_until.load(Relaxed);
+        if hooks & HOOK_GUARD != 0 {
+            if slot.allocations.load(Relaxed) < until {
+                return SampleCharge::Skip; // an empty bin, nothing due (`CLOSED` is 0)
+            }
+            return SampleCharge::Due; // settled by `charge_guarded`
+        }
         if hooks & (HOOK_ALLOC | HOOK_SAMPLE) == 0 {
             if until != OPEN {
                 self.set_open_until(lane, class, OPEN, hooks);
@@ -1517,6 +1574,9 @@ impl ThreadCache {
     #[inline(never)]
     fn charge_due(&self, lane: &Lane, class: usize) -> SampleCharge {
         let hooks = lane.hooks.load(Relaxed);
+        if hooks & HOOK_GUARD != 0 {
+            return self.charge_guarded(lane, class, hooks);
+        }
         if hooks & (HOOK_ALLOC | HOOK_SAMPLE | HOOK_CLOSED) != HOOK_SAMPLE {
             return SampleCharge::General;
         }
@@ -1542,17 +1602,29 @@ impl ThreadCache {
         count: u64,
         until: u64,
     ) -> SampleCharge {
+        let Some((charge, mark)) = self.sample_step(lane, class, count, until) else {
+            return SampleCharge::General; // the mode is changing: the hooks follow
+        };
+        self.set_open_until(lane, class, mark, hooks);
+        charge
+    }
+
+    /// The records' countdown of `class` at the lane's allocation number `count`, the
+    /// countdown's mark being `until` ([`CLOSED`]: none drawn): whether this allocation is
+    /// sampled (or skipped), and the allocation number of the next sampled one. `None` while
+    /// the records mode is changing.
+    fn sample_step(
+        &self,
+        lane: &Lane,
+        class: usize,
+        count: u64,
+        until: u64,
+    ) -> Option<(SampleCharge, u64)> {
         let interval = match lane.tag() {
             0 => records::global::sample_interval(),
             tag => lanes::sample_interval(tag),
-        };
-        let Some(interval) = interval else {
-            return SampleCharge::General; // the mode is changing: the hooks follow
-        };
-        let mut rng = self.sample_rng.get();
-        if rng == 0 {
-            rng = records::global::sample_seed(ptr::from_ref(self).addr());
-        }
+        }?;
+        let mut rng = self.rng_state();
         let size = class_size(class) as u64;
         let mut blocks = || {
             let bytes = records::global::draw_countdown(&mut rng, interval) as u64; // ≥ 1
@@ -1569,16 +1641,102 @@ impl ThreadCache {
                 self.sample_rng.set(rng);
                 // This block is the first of `first`: the fast path serves the next
                 // `first - 2` and the one after misses here.
-                self.set_open_until(lane, class, count.saturating_add(first - 1), hooks);
-                return SampleCharge::Skip;
+                return Some((SampleCharge::Skip, count.saturating_add(first - 1)));
             }
             SampleCharge::Sampled(interval)
         };
         // This block is sampled; the next sampled one is `blocks()` blocks after it.
         let next = blocks();
         self.sample_rng.set(rng);
-        self.set_open_until(lane, class, count.saturating_add(next), hooks);
+        Some((charge, count.saturating_add(next)))
+    }
+
+    /// The state of the owner's sampling generator, seeded on first use.
+    fn rng_state(&self) -> u64 {
+        let state = self.sample_rng.get();
+        if state != 0 {
+            return state;
+        }
+        records::global::sample_seed(ptr::from_ref(self).addr())
+    }
+
+    /// [`charge_due`](Self::charge_due) in a lane with guarded sampling (`HOOK_GUARD`). The
+    /// class's mark is the nearer of two countdowns: the records' sample (drawn as in
+    /// [`charge_sampled`](Self::charge_sampled)) and the guard's, a geometric count of lane
+    /// allocations between two guarded ones (mean `N - 1`, so one allocation in `N` is
+    /// guarded); the class's sizing keeps both as distances past the mark. A guarded
+    /// allocation is not the lane's (its block comes from the guarded area), so the
+    /// lane's count stays: a sample due at the same allocation falls on the next one.
+    #[cold]
+    #[inline(never)]
+    fn charge_guarded(&self, lane: &Lane, class: usize, hooks: u8) -> SampleCharge {
+        if hooks & (HOOK_ALLOC | HOOK_CLOSED) != 0 {
+            return SampleCharge::General;
+        }
+        let slot = &lane.slots[class];
+        let count = slot.allocations.load(Relaxed);
+        let until = slot.open_until.load(Relaxed);
+        if until != CLOSED && count < until {
+            return SampleCharge::Skip; // an empty bin, nothing due
+        }
+        // SAFETY: the owning thread (every caller's contract); `class` indexes `slots`.
+        let sizing = unsafe { lane.sizing(class) };
+        let at = |off: u32| {
+            if until == CLOSED || off == FAR {
+                CLOSED
+            } else {
+                until.saturating_add(u64::from(off))
+            }
+        };
+        let mut sample_at = at(sizing.sample_off);
+        let mut guard_at = at(sizing.guard_off);
+        let mut charge = SampleCharge::Skip;
+        let every = match lane.tag() {
+            0 => guarded::system_interval(),
+            tag => lanes::guard_interval(tag),
+        };
+        if every == 0 {
+            guard_at = OPEN;
+        } else {
+            if guard_at == CLOSED {
+                guard_at = count.saturating_add(self.guard_draw(every));
+            }
+            if guard_at <= count {
+                charge = SampleCharge::Guarded;
+                guard_at = count.saturating_add(self.guard_draw(every));
+            }
+        }
+        if hooks & HOOK_SAMPLE == 0 {
+            sample_at = OPEN;
+        } else if !matches!(charge, SampleCharge::Guarded)
+            && (sample_at == CLOSED || sample_at <= count)
+        {
+            let Some((sampled, mark)) = self.sample_step(lane, class, count, sample_at) else {
+                return SampleCharge::General;
+            };
+            charge = sampled;
+            sample_at = mark;
+        }
+        let mark = sample_at.min(guard_at);
+        let off = |at: u64| u32::try_from(at - mark).unwrap_or(FAR);
+        sizing.sample_off = off(sample_at);
+        sizing.guard_off = off(guard_at);
+        self.set_open_until(lane, class, mark, hooks);
         charge
+    }
+
+    /// Lane allocations until the next guarded one, at one guarded allocation in `every`:
+    /// geometric on 0, 1, 2... with mean `every - 1`.
+    fn guard_draw(&self, every: u32) -> u64 {
+        if every <= 1 {
+            return 0;
+        }
+        let mut rng = crate::records::sample::Rng::new(self.rng_state());
+        let u = rng.unit(); // in (0, 1]
+        self.sample_rng.set(rng.state());
+        let p = 1.0 / f64::from(every);
+        // `as` saturates a huge draw; `u == 1` gives 0.
+        (u.ln() / (-p).ln_1p()) as u64
     }
 
     /// Sets the class's [`open_until`](lane::ClassSlot::open_until) mark as the owner, the records
@@ -1599,7 +1757,7 @@ impl ThreadCache {
     /// The [`open_until`](lane::ClassSlot::open_until) mark every class starts from when the
     /// records settings are `hooks`.
     fn initial_open_until(hooks: u8) -> u64 {
-        if hooks & (HOOK_ALLOC | HOOK_SAMPLE | HOOK_BUDGET) == 0 {
+        if hooks & (HOOK_ALLOC | HOOK_SAMPLE | HOOK_BUDGET | HOOK_GUARD) == 0 {
             OPEN
         } else {
             CLOSED
@@ -1612,6 +1770,9 @@ pub(crate) enum SampleCharge {
     /// Nothing to record: take a block from the cache (the bin was empty, or the fast path
     /// was closed and is open again).
     Skip,
+    /// Guarded sampling chose this allocation: its block comes from the guarded area (see
+    /// `crate::allocator::guarded`), not from the lane.
+    Guarded,
     /// Sampled at this mean interval (the class's countdown ran out): record it.
     Sampled(u64),
     /// The class's countdown ran out or was never drawn: [`charge_due`] says which of the
@@ -1905,6 +2066,7 @@ pub(crate) unsafe fn before_fork() {
         THREADS.lock_raw();
         HEAP.lock_small_heaps();
         HEAP.large_heap().lock_all();
+        guarded::AREA.hold_for_fork();
     }
 }
 
@@ -1916,6 +2078,7 @@ pub(crate) unsafe fn after_fork(child: bool) {
     // SAFETY: the locks were taken by `before_fork` (on this thread, or copied into the
     // child, which has no other thread and so no waiter for the thread list).
     unsafe {
+        guarded::AREA.release_after_fork();
         HEAP.large_heap().unlock_all();
         HEAP.unlock_small_heaps();
         if child {

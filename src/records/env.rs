@@ -151,6 +151,7 @@ fn read_slow() {
             wants_exit_hook = true;
         }
     }
+    crate::guarded::read_env();
     STATE.store(READ, Release);
     for entry in registry::allocators() {
         apply(entry);
@@ -288,6 +289,7 @@ fn errno() -> i32 {
 /// Gives `entry` the mode the environment asks for, unless code set one. Every entry that
 /// names it counts as matched (the last one decides), so none is reported as unknown at exit.
 fn apply(entry: &'static Registration) {
+    crate::guarded::apply_env(entry);
     let config = config();
     for (i, named) in config.entries().iter().enumerate() {
         if !named.is_wildcard() && named.matches(entry.name(), entry.description()) {

@@ -105,7 +105,7 @@ pub(crate) mod guard;
 mod heap;
 mod map;
 mod mode;
-mod sample;
+pub(crate) mod sample;
 mod snapshot;
 mod stack;
 mod table;

@@ -242,7 +242,7 @@ impl GuardedArea {
             let was = block_of(data, record);
             // SAFETY: the data page is committed and the slot free: nobody else uses it.
             let bytes = unsafe { core::slice::from_raw_parts(was.start as *const u8, was.usable) };
-            if let Some(at) = bytes.iter().position(|&b| b != FREED_FILL) {
+            if let Some(at) = first_unlike(bytes, FREED_FILL) {
                 // Left out of use: neither free nor live, so never handed out again.
                 record.state.store(LIVE, Relaxed);
                 record.size.store(was.size as u16, Relaxed);
@@ -473,6 +473,22 @@ impl Default for GuardedArea {
     }
 }
 
+/// The offset of the first byte of `bytes` that is not `fill`: eight bytes at a time
+/// (a freed 4 KiB block is checked on every reuse of its slot).
+fn first_unlike(bytes: &[u8], fill: u8) -> Option<usize> {
+    let word = u64::from_ne_bytes([fill; 8]);
+    let mut chunks = bytes.chunks_exact(8);
+    let mut at = 0;
+    for chunk in &mut chunks {
+        // The chunk is exactly 8 bytes long.
+        if u64::from_ne_bytes(chunk.try_into().unwrap_or([0; 8])) != word {
+            break;
+        }
+        at += 8;
+    }
+    bytes[at..].iter().position(|&b| b != fill).map(|i| at + i)
+}
+
 /// The start of slot `slot`'s data page.
 fn data_page(base: usize, slot: u32) -> usize {
     let slot = slot as usize;
@@ -541,7 +557,8 @@ fn pop_free(slots: &mut Slots, base: usize) -> Option<u32> {
     Some(slot)
 }
 
-#[cfg(test)]
+// Not under Miri: the area is real reserved address space with PROT_NONE pages.
+#[cfg(all(test, not(miri)))]
 mod tests {
     use super::*;
 
@@ -565,6 +582,7 @@ mod tests {
             let block = area.block(p.as_ptr()).unwrap();
             assert_eq!((block.size, block.usable, block.tag), (size, usable, 7));
             // The whole block is writable.
+            // SAFETY: a live block of `size` bytes.
             unsafe { p.as_ptr().write_bytes(0x11, size) };
             match area.fault_at(addr + usable) {
                 Some(GuardedFault::PastEnd { block: b, past_end }) => {
@@ -581,6 +599,7 @@ mod tests {
     fn a_write_past_the_end_faults() {
         let area = GuardedArea::new();
         let p = area.allocate(layout(64, 8), 1).unwrap().unwrap();
+        // SAFETY: one past the 64-byte block: the guard page's first byte, in the area.
         let guard = unsafe { p.as_ptr().add(64) };
         // Probed without faulting: the kernel's copy into our own address space
         // (`process_vm_writev` to our pid) fails with EFAULT on an inaccessible page.
@@ -593,12 +612,16 @@ mod tests {
             iov_base: guard.cast(),
             iov_len: 1,
         };
+        // SAFETY: the kernel checks the remote range and fails with EFAULT; the iovecs are
+        // valid for the call.
         let rc = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
         assert_eq!(rc, -1, "the guard page must be inaccessible");
         let inside = libc::iovec {
+            // SAFETY: the block's last byte.
             iov_base: unsafe { guard.sub(1) }.cast(),
             iov_len: 1,
         };
+        // SAFETY: writes one byte of a live block of ours.
         let rc = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &inside, 1, 0) };
         assert_eq!(rc, 1, "the block's last byte is writable");
         area.free(p.as_ptr()).unwrap();
@@ -609,11 +632,13 @@ mod tests {
         let area = GuardedArea::new();
         let p = area.allocate(layout(20, 4), 3).unwrap().unwrap();
         assert_eq!(
+            // SAFETY: inside the 20-byte block.
             area.free(unsafe { p.as_ptr().add(4) }),
             Err(GuardedMisuse::NotABlock)
         );
         // The padding of a 20/4 block: none. A 21/4 block has 3 bytes of it.
         let q = area.allocate(layout(21, 4), 3).unwrap().unwrap();
+        // SAFETY: the padding lies in the block's data page, before the guard page.
         unsafe { q.as_ptr().add(22).write(1) };
         match area.free(q.as_ptr()) {
             Err(GuardedMisuse::WrittenPastEnd { at, block }) => {
@@ -652,6 +677,7 @@ mod tests {
             area.free(p.as_ptr()).unwrap();
         }
         // Past the quarantine the oldest resting slot comes back: the first. Write into it.
+        // SAFETY: the freed slot's data page stays committed while it rests.
         unsafe { first.as_ptr().add(40).write(7) };
         let got = area.allocate(layout(48, 8), 2);
         match got {
@@ -692,10 +718,26 @@ mod tests {
     }
 
     #[test]
+    fn first_unlike_finds_the_first_changed_byte() {
+        for len in [0usize, 1, 7, 8, 9, 63, 64, 4096] {
+            let mut bytes = vec![FREED_FILL; len];
+            assert_eq!(first_unlike(&bytes, FREED_FILL), None);
+            for at in [0, len / 2, len.saturating_sub(1)] {
+                if at < len {
+                    bytes[at] = 0;
+                    assert_eq!(first_unlike(&bytes, FREED_FILL), Some(at), "{len} {at}");
+                    bytes[at] = FREED_FILL;
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_segment_tag_is_no_allocators() {
         let area = GuardedArea::new();
         let p = area.allocate(layout(8, 8), 5).unwrap().unwrap();
         let seg = p.as_ptr().addr() & !(SEGMENT - 1);
+        // SAFETY: the segment's header page is committed once a slot of it is handed out.
         assert_eq!(unsafe { *(seg as *const Tag) }, GUARDED_TAG);
         assert!(area.contains(p.as_ptr().addr()));
         assert!(!area.contains(seg + AREA_BYTES));

@@ -7,7 +7,8 @@
 //! of counters on every call. Every lane draws from and returns to the same heap: a bin
 //! holds free blocks of its class, whatever lane they were last allocated from.
 
-use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, cold_path};
+use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_GUARD, cold_path};
+use crate::allocator::guarded;
 use crate::records;
 use crate::schema::hpha::Tag;
 use crate::schema::hpha::size_class::{CLASS_COUNT, CLASS_SIZES, class_size};
@@ -77,6 +78,8 @@ const fn first_sizings() -> [UnsafeCell<BinSizing>; CLASS_COUNT] {
             refill: FIRST_REFILL,
             limit: 0,
             seen: 0,
+            sample_off: FAR,
+            guard_off: FAR,
         })
     }; CLASS_COUNT];
     let mut class = 0;
@@ -85,6 +88,8 @@ const fn first_sizings() -> [UnsafeCell<BinSizing>; CLASS_COUNT] {
             refill: first_refill(class),
             limit: 0,
             seen: 0,
+            sample_off: FAR,
+            guard_off: FAR,
         });
         class += 1;
     }
@@ -129,7 +134,17 @@ pub(super) struct BinSizing {
     /// Child lanes: the class's unpublished blocks as the owner last saw them on a slow
     /// path (see [`Lane::note_unpublished`]).
     seen: i32,
+    /// While guarded sampling is on (`HOOK_GUARD`): where the class's next sampled and
+    /// next guarded allocations fall, as distances past the class's mark (one of them is
+    /// 0: the mark is the nearer), or [`FAR`] (not drawn, or farther than a `u32` reaches:
+    /// drawn afresh on arrival, which the memoryless countdowns allow). See
+    /// `ThreadCache::charge_guarded`.
+    pub(super) sample_off: u32,
+    pub(super) guard_off: u32,
 }
+
+/// [`BinSizing::sample_off`] and [`BinSizing::guard_off`]: nothing drawn within reach.
+pub(super) const FAR: u32 = u32::MAX;
 
 /// One size class of a lane: its bin (owner-only) and its counts (owner writes, anyone
 /// reads), side by side so the fast path touches one cache line.
@@ -510,10 +525,24 @@ impl Lane {
         unsafe {
             let bin = self.bin(class);
             let hooks = self.hooks.load(Relaxed);
-            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) != 0 {
+            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) != 0 {
+                if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) == HOOK_FREE_SAMPLED {
+                    // Sampled records alone: one filter test, then the straight line.
+                    if records::global::maybe_sampled(ptr) {
+                        return false;
+                    }
+                    if self.bin_full(class) {
+                        return false;
+                    }
+                    self.push(bin, ptr, class);
+                    return true;
+                }
                 // Out of the straight line: records off is the case to keep short.
                 cold_path();
-                if hooks & HOOK_FREE != 0 || records::global::maybe_sampled(ptr) {
+                if hooks & HOOK_FREE != 0
+                    || (hooks & HOOK_GUARD != 0 && guarded::AREA.contains(ptr.addr()))
+                    || (hooks & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr))
+                {
                     return false;
                 }
             }

@@ -105,6 +105,11 @@ fn ratio_columns(allocs: &[&str]) -> Vec<RatioColumn> {
             under: &["tagalloc"],
         },
         RatioColumn {
+            label: "tagalloc-guarded ÷ tagalloc",
+            over: "tagalloc-guarded",
+            under: &["tagalloc"],
+        },
+        RatioColumn {
             label: "tagalloc-scoped ÷ tracking",
             over: "tagalloc-scoped",
             under: &["tracking"],
