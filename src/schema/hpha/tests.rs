@@ -307,6 +307,10 @@ fn random_operations_match_a_shadow_model() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "7 minutes under Miri (a segment per tag); runs natively in cargo test"
+)]
 fn miri_tagged_blocks_keep_their_tag_through_reallocation_and_free_into_their_heap() {
     let h = heap();
     let tags: [Tag; 4] = [0, 1, 300, (MAX_TAGS - 1) as Tag];
