@@ -331,6 +331,7 @@ impl PagePool {
                 if base.is_null() {
                     return null_mut();
                 }
+                super::addr_map::note_segment(base);
                 if huge_pages_wanted(self.segment_count * SEGMENT_SIZE) {
                     source.hint_huge_pages(base, SEGMENT_SIZE);
                 }
@@ -406,6 +407,7 @@ impl PagePool {
                         (*next).seg_prev = prev;
                     }
                     self.segment_count -= 1;
+                    super::addr_map::note_segment_gone(page_base(seg));
                     source.unmap(page_base(seg), SEGMENT_SIZE);
                 }
                 seg = next_seg;
@@ -430,6 +432,7 @@ impl PagePool {
             let mut seg = self.segments;
             while !seg.is_null() {
                 let next = (*seg).seg_next;
+                super::addr_map::note_segment_gone(page_base(seg));
                 source.unmap(page_base(seg), SEGMENT_SIZE);
                 seg = next;
             }
@@ -651,7 +654,7 @@ impl SmallHeap {
         // SAFETY: for a valid slot the page is a live class page; the class lock is held.
         unsafe {
             if (*page).marker != page_marker(page) || (*page).class as usize != class {
-                report_bad_free(slot.cast(), page, class);
+                report_bad_free(slot.cast(), class);
             }
             if CHECKED && segment_tag(slot.cast()) != self.tag {
                 fatal!(
@@ -844,58 +847,116 @@ pub(crate) unsafe fn mark_allocated(ptr: *mut u8) {
     }
 }
 
-/// In checked builds, validates a user's free of `ptr` as a block of `class` and records
-/// it: a foreign pointer, a wrong class, an interior pointer or a double free aborts with a
-/// message. Free in unchecked builds.
+/// Validates a user's free of `ptr` as a block of `class`.
+///
+/// Every build compares the class of the block's page with the class of the layout passed
+/// to free (two loads from the page header, in the segment's header page): a block freed
+/// with another class's layout, or a large block freed with a small layout, aborts with a
+/// message instead of entering a free list of the wrong class (see `docs/misuse.md` for
+/// what this costs). Debug builds and feature `checked` also ask the address map first (a
+/// pointer tagalloc never mapped is named so without reading memory near it), and catch
+/// interior pointers and double frees with the page's bitmap.
 ///
 /// # Safety
-/// `ptr` must point into memory of a live small-block page (any pointer a user obtained
-/// from a [`SmallHeap`]).
-#[inline]
+/// In unchecked builds, `ptr` must lie in memory whose 2 MiB-aligned region is mapped
+/// (any pointer a user obtained from a [`SmallHeap`] or the large heap does); checked
+/// builds accept any pointer.
+#[inline(always)]
 pub(crate) unsafe fn check_free(ptr: *mut u8, class: usize) {
-    if !CHECKED {
-        return;
+    if CHECKED {
+        // SAFETY: checked builds judge any pointer from the address map first.
+        return unsafe { check_free_fully(ptr, class) };
     }
     let page = page_of(ptr);
-    // SAFETY: the page header of a small block stays valid while any block of it is live.
+    // SAFETY: forwarded from the caller: the header page of `ptr`'s region is mapped.
     unsafe {
         if (*page).marker != page_marker(page) || (*page).class as usize != class {
-            report_bad_free(ptr, page, class);
+            report_bad_free(ptr, class);
+        }
+    }
+}
+
+/// [`check_free`] of checked builds: the address map, the page, the slot's position and
+/// its bit in the page's bitmap.
+///
+/// # Safety
+/// None beyond the free's own contract: a pointer that is not in a live small-block segment
+/// is reported without being read.
+#[inline]
+unsafe fn check_free_fully(ptr: *mut u8, class: usize) {
+    if super::addr_map::kind_of(ptr.addr()) != super::addr_map::SMALL {
+        report_bad_free(ptr, class);
+    }
+    let page = page_of(ptr);
+    // SAFETY: the segment is live (the address map says so), so its header page is mapped;
+    // the bitmap of a page serving a class is at the page's start.
+    unsafe {
+        if (*page).marker != page_marker(page) || (*page).class as usize != class {
+            report_bad_free(ptr, class);
         }
         let elem = (*page).elem as usize;
         let end = page_base(page).addr() + PAGE_SIZE;
         let first = end - (*page).capacity as usize * elem;
         if ptr.addr() < first || (end - ptr.addr()) % elem != 0 {
+            let start = ptr.addr() - (ptr.addr().saturating_sub(first)) % elem;
             fatal!(
-                "free of {:p}, which is inside a {}-byte block, not at its start",
-                ptr,
-                elem
+                "free of {:#x}, which is inside the {}-byte block at {:#x}, not at its start",
+                ptr.addr(),
+                elem,
+                start
             );
         }
         let (w, bit) = slot_bit(page, ptr);
         if live_word(page, w).fetch_and(!bit, Relaxed) & bit == 0 {
-            fatal!("double free of {:p} ({}-byte block)", ptr, elem);
+            fatal!(
+                "double free of {:#x} (a {}-byte small block, already free)",
+                ptr.addr(),
+                elem
+            );
         }
     }
 }
 
+/// Reports a free of `ptr` with a layout of `class` that its page does not confirm, with
+/// the diagnosis the address map and the page header allow. Reads the header only where
+/// the map says the segment is live.
 #[cold]
-fn report_bad_free(ptr: *mut u8, page: *mut PageHeader, class: usize) -> ! {
-    // SAFETY: only reached for a pointer whose page header was just read.
+#[inline(never)]
+pub(crate) fn report_bad_free(ptr: *mut u8, class: usize) -> ! {
+    use super::addr_map::{self, kind_of};
+    let size = class_size(class);
+    match kind_of(ptr.addr()) {
+        addr_map::SMALL => {}
+        addr_map::CHUNK_START | addr_map::CHUNK_CONT => fatal!(
+            "wrong layout: free of {:#x} with a layout of the {}-byte small class, but it lies in the large-block heap (a large block freed with a small layout, or a pointer inside one)",
+            ptr.addr(),
+            size
+        ),
+        addr_map::RETIRED_SMALL | addr_map::RETIRED_CHUNK => fatal!(
+            "double free of {:#x} (as a {}-byte small block): the memory it lay in was already returned to the OS",
+            ptr.addr(),
+            size
+        ),
+        _ => fatal!(
+            "not a block of this heap: free of {:#x} as a {}-byte small block, but tagalloc never mapped that address (a stack address, or memory of another allocator)",
+            ptr.addr(),
+            size
+        ),
+    }
+    let page = page_of(ptr);
+    // SAFETY: the segment is live (the address map says so), so its header page is mapped.
     let (marker_ok, page_class) = unsafe { ((*page).marker == page_marker(page), (*page).class) };
     if !marker_ok {
         fatal!(
-            "free of {:p} as a {}-byte small block, but it is not a live small block of this \
-             heap (wrong allocator, wrong layout, or already freed page)",
-            ptr,
-            class_size(class)
+            "double free of {:#x} (as a {}-byte small block): its page holds no live block (the page was emptied and returned to the heap's pool)",
+            ptr.addr(),
+            size
         );
     }
     fatal!(
-        "free of {:p} with a layout of the {}-byte class, but the block is in the {}-byte class \
-         (the layout passed to dealloc differs from the one allocated)",
-        ptr,
-        class_size(class),
+        "wrong layout: free of {:#x} with a layout of the {}-byte class, but the block is in the {}-byte class (the layout passed to dealloc differs from the one allocated)",
+        ptr.addr(),
+        size,
         class_size(page_class as usize)
     )
 }
