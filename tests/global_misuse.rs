@@ -129,6 +129,14 @@ fn child_entry_point() {
                 let p = libc::malloc(64).cast::<u8>();
                 A.dealloc(p, small);
             }
+            "small_written_after_free" => {
+                let p = filled(small);
+                A.dealloc(p, small);
+                p.add(40).write(1);
+                // The bin is LIFO: the same slot comes back, and its fill is checked.
+                let q = A.alloc(small);
+                assert_eq!(q, p);
+            }
             other => panic!("unknown case {other}"),
         }
     }
@@ -258,4 +266,18 @@ fn a_stack_address_freed_as_small_is_not_a_block() {
 fn a_libc_pointer_freed_as_small_is_not_a_block() {
     let err = run_child("libc_freed_as_small");
     assert!(err.contains("not a block of this heap"), "{err}");
+}
+
+/// Checked builds fill freed small blocks and verify the fill when the slot is handed out
+/// again.
+#[test]
+#[cfg(any(debug_assertions, feature = "checked"))]
+fn a_write_after_free_is_reported_when_the_slot_is_reused() {
+    let err = run_child("small_written_after_free");
+    assert!(
+        err.contains("written after free: the 64-byte block at 0x")
+            && err.contains("size class 64 B")
+            && err.contains("offset 40"),
+        "{err}"
+    );
 }

@@ -69,7 +69,14 @@ pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked")
 /// Words of the per-page "slot is live" bitmap (one bit per slot of the smallest class).
 /// Words a bitmap with one bit per slot of the smallest class needs.
 const FULL_BITMAP_WORDS: usize = PAGE_SIZE / 8 / 64;
-const BITMAP_WORDS: usize = if CHECKED { FULL_BITMAP_WORDS } else { 0 };
+/// Checked builds keep two bitmaps at each page's start: "slot is live", then "slot was
+/// freed and filled with [`FREED_FILL`]" (verified when the slot is handed out again).
+const BITMAP_WORDS: usize = if CHECKED { 2 * FULL_BITMAP_WORDS } else { 0 };
+/// Where the "freed and filled" bitmap starts, in words from the page's start.
+const FILLED_WORDS_AT: usize = FULL_BITMAP_WORDS;
+/// What checked builds fill a freed small block with, past its first word (the free-list
+/// link): a write after free shows as a byte that differs when the slot is handed out again.
+pub(crate) const FREED_FILL: u8 = 0xdd;
 
 /// `page.class` of a page that belongs to no class (in the pool).
 const NO_CLASS: u16 = u16::MAX;
@@ -123,8 +130,7 @@ pub(crate) struct PageHeader {
     seg_idle_since: u64,
 }
 
-/// Bytes at the start of each page that hold no slots: the "slot is live" bitmap of
-/// checked builds.
+/// Bytes at the start of each page that hold no slots: the bitmaps of checked builds.
 const LIVE_SPACE: usize = BITMAP_WORDS * 8;
 const _: () = assert!((PAGE_SIZE - LIVE_SPACE) / 8 <= FULL_BITMAP_WORDS * 64);
 
@@ -839,11 +845,39 @@ unsafe fn slot_bit(page: *mut PageHeader, slot: *mut u8) -> (usize, u64) {
 pub(crate) unsafe fn mark_allocated(ptr: *mut u8) {
     if CHECKED {
         let page = page_of(ptr);
-        // SAFETY: the slot is live, so its page header is valid; the bitmap is atomic.
+        // SAFETY: the slot is live, so its page header is valid; the bitmaps are atomic.
         unsafe {
             let (w, bit) = slot_bit(page, ptr);
             live_word(page, w).fetch_or(bit, Relaxed);
+            if live_word(page, FILLED_WORDS_AT + w).fetch_and(!bit, Relaxed) & bit != 0 {
+                verify_fill(ptr, (*page).elem as usize);
+            }
         }
+    }
+}
+
+/// Checks that a slot freed and filled by a checked free still holds [`FREED_FILL`] past
+/// its first word; aborts naming the block, its class and the first byte written otherwise.
+///
+/// # Safety
+/// `ptr` is a slot of `elem` bytes just handed out again.
+#[inline(never)]
+unsafe fn verify_fill(ptr: *mut u8, elem: usize) {
+    let word = core::mem::size_of::<FreeSlot>();
+    // SAFETY: the slot is `elem` bytes long and ours (just handed out).
+    let body = unsafe { core::slice::from_raw_parts(ptr.add(word), elem.saturating_sub(word)) };
+    if let Some(at) = body.iter().position(|&b| b != FREED_FILL) {
+        fatal!(
+            "written after free: the {}-byte block at {:#x} (size class {} B) was written at \
+             offset {} after it was freed (byte {:#04x} where the freed fill {:#04x} was); \
+             found when the block was handed out again",
+            elem,
+            ptr.addr(),
+            elem,
+            at + word,
+            body[at],
+            FREED_FILL
+        );
     }
 }
 
@@ -913,6 +947,12 @@ unsafe fn check_free_fully(ptr: *mut u8, class: usize) {
                 ptr.addr(),
                 elem
             );
+        }
+        // The slot is free now and nobody else's: fill it past its link word, and say so.
+        let word = core::mem::size_of::<FreeSlot>();
+        if elem > word {
+            ptr.add(word).write_bytes(FREED_FILL, elem - word);
+            live_word(page, FILLED_WORDS_AT + w).fetch_or(bit, Relaxed);
         }
     }
 }
