@@ -34,7 +34,7 @@ use crate::fatal::fatal;
 use crate::os::PageSource;
 use crate::sync::SpinLock;
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Bytes per small-block page; also the alignment used to find a page header.
 pub const PAGE_SIZE: usize = 64 * 1024;
@@ -77,6 +77,27 @@ const FILLED_WORDS_AT: usize = FULL_BITMAP_WORDS;
 /// What checked builds fill a freed small block with, past its first word (the free-list
 /// link): a write after free shows as a byte that differs when the slot is handed out again.
 pub(crate) const FREED_FILL: u8 = 0xdd;
+
+/// Where a segment keeps its class line, in its first (tag) line: a marker word at
+/// [`SEG_MARKER_AT`] (`SEG_MAGIC ^ segment address` once mapped) and one byte per page at
+/// [`SEG_CLASSES_AT`] (the page's class + 1 while it serves one, else 0). Every free reads
+/// the two to check that the layout's class is the block's class: one cache line per 2 MiB
+/// segment, which the tag test of scoped frees reads anyway, and a handful of instructions
+/// (a page header is a line per page, and finding it takes a multiply).
+const SEG_MARKER_AT: usize = 8;
+const SEG_CLASSES_AT: usize = 32;
+const SEG_MAGIC: usize = 0x5e6d_c1a5_5c1a_55e5;
+const _: () = assert!(SEG_CLASSES_AT + PAGES_PER_SEGMENT <= 64 && SEG_MARKER_AT >= 2);
+
+/// The class byte of the page holding `ptr`, in its segment's class line.
+#[inline(always)]
+fn class_byte<'a>(ptr: *mut u8) -> &'a AtomicU8 {
+    let seg = ptr.map_addr(|a| a & !(SEGMENT_SIZE - 1));
+    let index = (ptr.addr() % SEGMENT_SIZE) / PAGE_SIZE;
+    // SAFETY: callers pass pointers into live small-block segments (or, in `check_free`,
+    // into some mapped 2 MiB region); the byte lies in the segment's first line.
+    unsafe { &*seg.add(SEG_CLASSES_AT + index).cast::<AtomicU8>() }
+}
 
 /// `page.class` of a page that belongs to no class (in the pool).
 const NO_CLASS: u16 = u16::MAX;
@@ -346,6 +367,9 @@ impl PagePool {
                 if self.tag != 0 {
                     base.cast::<Tag>().write(self.tag);
                 }
+                base.add(SEG_MARKER_AT)
+                    .cast::<usize>()
+                    .write(SEG_MAGIC ^ base.addr());
                 let seg = page_of(base);
                 // Fresh mappings read as zero, so only the non-zero fields need writing. The
                 // first page holds the headers.
@@ -376,6 +400,7 @@ impl PagePool {
         unsafe {
             (*page).marker = 0;
             (*page).class = NO_CLASS;
+            class_byte(page_base(page)).store(0, Relaxed);
             (*page).idle_since = stamp;
             let seg = segment_of(page);
             (*seg).seg_used -= 1;
@@ -510,6 +535,7 @@ impl SmallHeap {
         // SAFETY: the page is ours and mapped for PAGE_SIZE bytes.
         unsafe {
             (*page).marker = page_marker(page);
+            class_byte(page_base(page)).store(class as u8 + 1, Relaxed);
             (*page).free = null_mut();
             (*page).free_count = 0;
             (*page).bump = page_base(page).add(PAGE_SIZE - capacity * elem);
@@ -884,10 +910,10 @@ unsafe fn verify_fill(ptr: *mut u8, elem: usize) {
 /// Validates a user's free of `ptr` as a block of `class`.
 ///
 /// Every build compares the class of the block's page with the class of the layout passed
-/// to free (two loads from the page header, in the segment's header page): a block freed
-/// with another class's layout, or a large block freed with a small layout, aborts with a
-/// message instead of entering a free list of the wrong class (see `docs/misuse.md` for
-/// what this costs). Debug builds and feature `checked` also ask the address map first (a
+/// to free (the segment's marker word and the page's class byte, in the segment's first
+/// line): a block freed with another class's layout, or a large block freed with a small
+/// layout, aborts with a message instead of entering a free list of the wrong class (see
+/// `docs/misuse.md` for what this costs). Debug builds and feature `checked` also ask the address map first (a
 /// pointer tagalloc never mapped is named so without reading memory near it), and catch
 /// interior pointers and double frees with the page's bitmap.
 ///
@@ -901,12 +927,11 @@ pub(crate) unsafe fn check_free(ptr: *mut u8, class: usize) {
         // SAFETY: checked builds judge any pointer from the address map first.
         return unsafe { check_free_fully(ptr, class) };
     }
-    let page = page_of(ptr);
-    // SAFETY: forwarded from the caller: the header page of `ptr`'s region is mapped.
-    unsafe {
-        if (*page).marker != page_marker(page) || (*page).class as usize != class {
-            report_bad_free(ptr, class);
-        }
+    let seg = ptr.map_addr(|a| a & !(SEGMENT_SIZE - 1));
+    // SAFETY: forwarded from the caller: the first line of `ptr`'s 2 MiB region is mapped.
+    let marker = unsafe { seg.add(SEG_MARKER_AT).cast::<usize>().read() };
+    if marker != SEG_MAGIC ^ seg.addr() || class_byte(ptr).load(Relaxed) != class as u8 + 1 {
+        report_bad_free(ptr, class);
     }
 }
 
