@@ -144,7 +144,9 @@ fn child_entry_point() {
     std::process::exit(0);
 }
 
+/// The class check of the thread caches' frees: checked builds or feature `class-check`.
 #[test]
+#[cfg(any(debug_assertions, feature = "checked", feature = "class-check"))]
 fn a_small_block_freed_as_4096_bytes_is_a_wrong_layout() {
     let err = run_child("small_freed_as_4096");
     assert!(
@@ -153,7 +155,9 @@ fn a_small_block_freed_as_4096_bytes_is_a_wrong_layout() {
     );
 }
 
+/// The class check of the thread caches' frees: checked builds or feature `class-check`.
 #[test]
+#[cfg(any(debug_assertions, feature = "checked", feature = "class-check"))]
 fn a_small_block_freed_with_a_larger_alignment_is_a_wrong_layout() {
     let err = run_child("small_freed_with_a_larger_alignment");
     assert!(
@@ -162,7 +166,9 @@ fn a_small_block_freed_with_a_larger_alignment_is_a_wrong_layout() {
     );
 }
 
+/// The class check of the thread caches' frees: checked builds or feature `class-check`.
 #[test]
+#[cfg(any(debug_assertions, feature = "checked", feature = "class-check"))]
 fn a_large_block_freed_as_small_is_a_wrong_layout() {
     let err = run_child("large_freed_as_small");
     assert!(

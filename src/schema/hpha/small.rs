@@ -66,6 +66,12 @@ pub(crate) fn huge_pages_wanted(bytes_before: usize) -> bool {
 
 /// Whether double frees and foreign frees of small blocks are checked with a bitmap.
 pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
+/// Whether builds without [`CHECKED`] compare a small free's layout class with the block's
+/// class on the thread caches' fast path (feature `class-check`). Off by default: it adds
+/// 16 instructions to an 84-instruction alloc+free pair and 6-7% CPU time to the `small`
+/// comparison workload (docs/misuse.md), above the 1% the default build may spend on it.
+/// Frees that reach the heap itself (bin flushes, `HphaSchema::deallocate`) always check.
+pub(crate) const CLASS_CHECK: bool = cfg!(feature = "class-check");
 /// Words of the per-page "slot is live" bitmap (one bit per slot of the smallest class).
 /// Words a bitmap with one bit per slot of the smallest class needs.
 const FULL_BITMAP_WORDS: usize = PAGE_SIZE / 8 / 64;
@@ -909,11 +915,12 @@ unsafe fn verify_fill(ptr: *mut u8, elem: usize) {
 
 /// Validates a user's free of `ptr` as a block of `class`.
 ///
-/// Every build compares the class of the block's page with the class of the layout passed
-/// to free (the segment's marker word and the page's class byte, in the segment's first
-/// line): a block freed with another class's layout, or a large block freed with a small
-/// layout, aborts with a message instead of entering a free list of the wrong class (see
-/// `docs/misuse.md` for what this costs). Debug builds and feature `checked` also ask the address map first (a
+/// With feature `class-check` (and in checked builds, by the fuller check below) this
+/// compares the class of the block's page with the class of the layout passed to free (the
+/// segment's marker word and the page's class byte, in the segment's first line): a block
+/// freed with another class's layout, or a large block freed with a small layout, aborts
+/// with a message instead of entering a free list of the wrong class. The default build
+/// skips it here (see [`CLASS_CHECK`] and `docs/misuse.md` for what it costs). Debug builds and feature `checked` also ask the address map first (a
 /// pointer tagalloc never mapped is named so without reading memory near it), and catch
 /// interior pointers and double frees with the page's bitmap.
 ///
@@ -926,6 +933,9 @@ pub(crate) unsafe fn check_free(ptr: *mut u8, class: usize) {
     if CHECKED {
         // SAFETY: checked builds judge any pointer from the address map first.
         return unsafe { check_free_fully(ptr, class) };
+    }
+    if !CLASS_CHECK {
+        return;
     }
     let seg = ptr.map_addr(|a| a & !(SEGMENT_SIZE - 1));
     // SAFETY: forwarded from the caller: the first line of `ptr`'s 2 MiB region is mapped.
