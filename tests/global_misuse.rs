@@ -282,7 +282,7 @@ fn a_write_after_free_is_reported_when_the_slot_is_reused() {
     let err = run_child("small_written_after_free");
     assert!(
         err.contains("written after free: the 64-byte block at 0x")
-            && err.contains("size class 64 B")
+            && err.contains("size class 64 B, allocator 'SystemAllocator'")
             && err.contains("offset 40"),
         "{err}"
     );

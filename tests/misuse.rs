@@ -110,14 +110,20 @@ fn double_free_of_a_small_block_is_reported_in_checked_builds() {
 #[cfg(any(debug_assertions, feature = "checked"))]
 fn double_free_through_a_child_is_reported_in_checked_builds() {
     let err = run_child("double_free_child");
-    assert!(err.contains("tagalloc: fatal: double free"), "{err}");
+    assert!(
+        err.contains("tagalloc: fatal: double free") && err.contains("allocator 'Tagged'"),
+        "{err}"
+    );
 }
 
 #[test]
 #[cfg(any(debug_assertions, feature = "checked"))]
 fn freeing_an_interior_pointer_through_a_child_is_reported_in_checked_builds() {
     let err = run_child("interior_pointer_child");
-    assert!(err.contains("not at its start"), "{err}");
+    assert!(
+        err.contains("not at its start") && err.contains("allocator 'Tagged'"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -900,12 +900,14 @@ unsafe fn verify_fill(ptr: *mut u8, elem: usize) {
     let body = unsafe { core::slice::from_raw_parts(ptr.add(word), elem.saturating_sub(word)) };
     if let Some(at) = body.iter().position(|&b| b != FREED_FILL) {
         fatal!(
-            "written after free: the {}-byte block at {:#x} (size class {} B) was written at \
-             offset {} after it was freed (byte {:#04x} where the freed fill {:#04x} was); \
-             found when the block was handed out again",
+            "written after free: the {}-byte block at {:#x} (size class {} B, allocator '{}') \
+             was written at offset {} after it was freed (byte {:#04x} where the freed fill \
+             {:#04x} was); found when the block was handed out again",
             elem,
             ptr.addr(),
             elem,
+            // SAFETY: the slot is live, so its segment's tag word is mapped.
+            crate::fatal::tag_name(unsafe { segment_tag(ptr) }),
             at + word,
             body[at],
             FREED_FILL
@@ -969,18 +971,21 @@ unsafe fn check_free_fully(ptr: *mut u8, class: usize) {
         if ptr.addr() < first || (end - ptr.addr()) % elem != 0 {
             let start = ptr.addr() - (ptr.addr().saturating_sub(first)) % elem;
             fatal!(
-                "free of {:#x}, which is inside the {}-byte block at {:#x}, not at its start",
+                "free of {:#x}, which is inside the {}-byte block at {:#x}, not at its start \
+                 (allocator '{}')",
                 ptr.addr(),
                 elem,
-                start
+                start,
+                crate::fatal::tag_name(segment_tag(ptr))
             );
         }
         let (w, bit) = slot_bit(page, ptr);
         if live_word(page, w).fetch_and(!bit, Relaxed) & bit == 0 {
             fatal!(
-                "double free of {:#x} (a {}-byte small block, already free)",
+                "double free of {:#x} (a {}-byte small block of allocator '{}', already free)",
                 ptr.addr(),
-                elem
+                elem,
+                crate::fatal::tag_name(segment_tag(ptr))
             );
         }
         // The slot is free now and nobody else's: fill it past its link word, and say so.
@@ -1029,10 +1034,12 @@ pub(crate) fn report_bad_free(ptr: *mut u8, class: usize) -> ! {
         );
     }
     fatal!(
-        "wrong layout: free of {:#x} with a layout of the {}-byte class, but the block is in the {}-byte class (the layout passed to dealloc differs from the one allocated)",
+        "wrong layout: free of {:#x} with a layout of the {}-byte class, but the block is in the {}-byte class (the layout passed to dealloc differs from the one allocated; allocator '{}')",
         ptr.addr(),
         size,
-        class_size(page_class as usize)
+        class_size(page_class as usize),
+        // SAFETY: the segment is live (the address map says so): its tag word is mapped.
+        crate::fatal::tag_name(unsafe { segment_tag(ptr) })
     )
 }
 
