@@ -287,6 +287,26 @@ impl Table {
 }
 
 impl DirectRegistry {
+    /// Takes the registry's lock and keeps it, before `fork()` (the innermost lock: nothing
+    /// else is taken while it is held).
+    ///
+    /// # Safety
+    /// Must be paired with [`unlock_after_fork`](Self::unlock_after_fork) on the same thread
+    /// (or in the child it forks).
+    pub(crate) unsafe fn lock_for_fork(&self) {
+        // SAFETY: forwarded from the caller; released by `unlock_after_fork`.
+        unsafe { self.0.lock_raw() };
+    }
+
+    /// Releases the lock [`lock_for_fork`](Self::lock_for_fork) took.
+    ///
+    /// # Safety
+    /// Only after `lock_for_fork`, with no guard of the lock alive.
+    pub(crate) unsafe fn unlock_after_fork(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.force_unlock() };
+    }
+
     /// Records a live direct block at `ptr` mapped at `[map_start, map_start + map_len)`.
     /// `false` when the registry cannot grow (the caller then gives the mapping back).
     pub(crate) fn insert(&self, ptr: *mut u8, map_start: *mut u8, map_len: usize) -> bool {
