@@ -59,6 +59,32 @@ pub(crate) fn abort_with(args: fmt::Arguments<'_>) -> ! {
     std::process::abort()
 }
 
+/// How a misuse message names the allocator that owns a tag: a function the allocator
+/// layer installs when it hands out its first tag (the schemas below it cannot ask the
+/// registry themselves). Null until then.
+static TAG_NAMER: core::sync::atomic::AtomicPtr<()> =
+    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+
+/// Installs the function that names a tag's allocator in misuse messages.
+pub(crate) fn set_tag_namer(namer: fn(u16) -> Option<&'static str>) {
+    TAG_NAMER.store(namer as *mut (), core::sync::atomic::Ordering::Release);
+}
+
+/// The name of the allocator that owns `tag` (`SystemAllocator` for 0), for a misuse
+/// message; never allocates.
+pub(crate) fn tag_name(tag: u16) -> &'static str {
+    if tag == 0 {
+        return "SystemAllocator";
+    }
+    let f = TAG_NAMER.load(core::sync::atomic::Ordering::Acquire);
+    if f.is_null() {
+        return "?";
+    }
+    // SAFETY: only `set_tag_namer` stores here, always a `fn(u16) -> Option<&'static str>`.
+    let namer: fn(u16) -> Option<&'static str> = unsafe { core::mem::transmute(f) };
+    namer(tag).unwrap_or("?")
+}
+
 /// Aborts with a formatted message, without allocating. See [`abort_with`].
 macro_rules! fatal {
     ($($arg:tt)*) => {

@@ -6,9 +6,16 @@
 
 mod common;
 
+use allocator_api2::alloc::Allocator;
 use core::alloc::Layout;
 use std::alloc::System;
+use tagalloc::SystemAllocator;
 use tagalloc::schema::{PoolConfig, PoolSchema, ThreadPoolSchema};
+
+tagalloc::allocator!(VictimPool: pool of SystemAllocator
+    { page_size: 65536, min_size: 16, max_size: 256 }, "victim handle pool");
+tagalloc::allocator!(VictimThreadPool: thread_pool of SystemAllocator
+    { page_size: 65536, min_size: 16, max_size: 256 }, "victim handle thread pool");
 
 const CASE_VAR: &str = "TAGALLOC_POOL_MISUSE_CASE";
 
@@ -71,6 +78,42 @@ fn child_entry_point() {
                     let _ = tpool.allocate(small).unwrap();
                 }
             }
+            "handle_pool_double_free" => {
+                let a = VictimPool.allocate(small).unwrap().cast::<u8>();
+                let _keep = VictimPool.allocate(small).unwrap();
+                VictimPool.deallocate(a, small);
+                VictimPool.deallocate(a, small);
+                // Without the check, the block would now be handed out twice.
+                let x = VictimPool.allocate(small).unwrap();
+                let y = VictimPool.allocate(small).unwrap();
+                assert_ne!(x, y, "the same block handed out twice");
+            }
+            "handle_thread_pool_double_free" => {
+                let a = VictimThreadPool.allocate(small).unwrap().cast::<u8>();
+                let _keep = VictimThreadPool.allocate(small).unwrap();
+                VictimThreadPool.deallocate(a, small);
+                VictimThreadPool.deallocate(a, small);
+                let x = VictimThreadPool.allocate(small).unwrap();
+                let y = VictimThreadPool.allocate(small).unwrap();
+                assert_ne!(x, y, "the same block handed out twice");
+            }
+            "handle_thread_pool_double_remote_free" => {
+                let a = VictimThreadPool.allocate(small).unwrap().cast::<u8>();
+                let addr = a.as_ptr() as usize;
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        let p = core::ptr::NonNull::new(addr as *mut u8).unwrap();
+                        VictimThreadPool.deallocate(p, small);
+                        VictimThreadPool.deallocate(p, small);
+                    });
+                });
+                // The owner takes its remote frees back before it hands any block out again.
+                let mut seen = std::collections::HashSet::new();
+                for _ in 0..5000 {
+                    let p = VictimThreadPool.allocate(small).unwrap();
+                    assert!(seen.insert(p), "the same block handed out twice");
+                }
+            }
             "thread_pool_block_of_another_pool" => {
                 let a = pool.allocate(small).unwrap();
                 let _t = tpool.allocate(small).unwrap();
@@ -83,9 +126,8 @@ fn child_entry_point() {
     std::process::exit(0);
 }
 
-/// Double frees are caught by the per-slot check of debug builds or feature `checked`.
+/// Double frees are caught by the per-slot bitmap, in every build.
 #[test]
-#[cfg(any(debug_assertions, feature = "checked"))]
 fn double_free_is_reported_with_the_pool_name() {
     let err = run_child("double_free");
     assert!(
@@ -115,17 +157,15 @@ fn freeing_with_a_layout_the_pool_never_grants_is_reported() {
     assert!(err.contains("this pool never grants"), "{err}");
 }
 
-/// Double frees are caught by the per-slot check of debug builds or feature `checked`.
+/// Double frees are caught by the per-slot bitmap, in every build.
 #[test]
-#[cfg(any(debug_assertions, feature = "checked"))]
 fn thread_pool_double_free_is_reported() {
     let err = run_child("thread_pool_double_free_on_owner");
     assert!(err.contains("pool 'victim': double free"), "{err}");
 }
 
-/// Double frees are caught by the per-slot check of debug builds or feature `checked`.
+/// Double frees are caught by the per-slot bitmap, in every build.
 #[test]
-#[cfg(any(debug_assertions, feature = "checked"))]
 fn thread_pool_double_free_from_another_thread_is_reported_when_drained() {
     let err = run_child("thread_pool_double_remote_free");
     assert!(err.contains("pool 'victim': double free"), "{err}");
@@ -135,4 +175,35 @@ fn thread_pool_double_free_from_another_thread_is_reported_when_drained() {
 fn thread_pool_free_of_a_foreign_block_is_reported() {
     let err = run_child("thread_pool_block_of_another_pool");
     assert!(err.contains("not a live block of this pool"), "{err}");
+}
+
+/// Through a `pool of` handle, in every build: the second free aborts, before the block
+/// could be handed out twice.
+#[test]
+fn handle_pool_double_free_is_reported_with_the_allocator_name() {
+    let err = run_child("handle_pool_double_free");
+    assert!(
+        err.contains("pool 'VictimPool': double free of 0x"),
+        "{err}"
+    );
+}
+
+#[test]
+fn handle_thread_pool_double_free_is_reported_with_the_allocator_name() {
+    let err = run_child("handle_thread_pool_double_free");
+    assert!(
+        err.contains("pool 'VictimThreadPool': double free of 0x"),
+        "{err}"
+    );
+}
+
+/// A double free from another thread: caught when the owner takes its remote frees back,
+/// which it does before handing a block out again.
+#[test]
+fn handle_thread_pool_double_remote_free_is_reported_before_reuse() {
+    let err = run_child("handle_thread_pool_double_remote_free");
+    assert!(
+        err.contains("pool 'VictimThreadPool': double free of 0x"),
+        "{err}"
+    );
 }

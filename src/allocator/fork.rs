@@ -18,6 +18,7 @@
 //!    something was published meanwhile, steps 1–2 are undone and repeated);
 //! 3. the records' locks, if records were ever turned on;
 //! 4. the thread-cache list and the global heap's locks, if the thread caches are in use.
+//! 5. the registry of blocks with their own mapping (`schema::hpha::addr_map`), always.
 //!
 //! Only one registration with `pthread_atfork` is made ([`install`]), whichever part of the
 //! crate needs it first, so the order above does not depend on which was used first.
@@ -28,6 +29,7 @@
 
 use super::{registry, thread_cache};
 use crate::records;
+use crate::schema::hpha::addr_map::DIRECT as DIRECT_BLOCKS;
 use crate::sync::{OnceFlag, SpinLock};
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
@@ -119,6 +121,10 @@ unsafe extern "C" fn prepare() {
         // SAFETY: as above.
         unsafe { thread_cache::before_fork() };
     }
+    // The registry of blocks with their own mapping: the innermost lock (a large allocation
+    // may take it under the large heap's lock; nothing is taken under it).
+    // SAFETY: released by `release_all`, first.
+    unsafe { DIRECT_BLOCKS.lock_for_fork() };
 }
 
 /// Releases what [`prepare`] took, in the reverse order.
@@ -127,8 +133,9 @@ unsafe extern "C" fn prepare() {
 /// Only in an after-fork handler, so after `prepare` on this thread (or the thread this
 /// child was forked from).
 unsafe fn release_all(child: bool) {
-    // SAFETY: each was taken by `prepare`, as its flag says.
+    // SAFETY: each was taken by `prepare`, as its flag says (the registry always).
     unsafe {
+        DIRECT_BLOCKS.unlock_after_fork();
         if HELD_CACHES.load(Relaxed) {
             thread_cache::after_fork(child);
         }

@@ -353,6 +353,8 @@ pub(crate) fn claim(registration: &'static Registration) {
     }
     // Counts in a lane belong to a registered allocator (its parents are registered first).
     registration.register();
+    // Misuse messages of small blocks name the allocator of the block's segment.
+    crate::fatal::set_tag_namer(|tag| owner(tag).map(|r| r.name()));
     // A built-in lane is found from the thread pointer, whose offset to the caches the
     // first cache to register learns.
     thread_cache::register_current();

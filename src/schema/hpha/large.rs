@@ -15,6 +15,7 @@
 //! mapping of their own ("direct" blocks), which is unmapped when they are freed and grown
 //! with `mremap` when reallocated.
 
+use super::addr_map::{self, DIRECT as DIRECT_BLOCKS, Direct};
 use super::purge::Cutoff;
 use super::small::{SEGMENT_SIZE, Tag};
 use super::tree::{FreeTree, NODE_SIZE, Node};
@@ -87,13 +88,11 @@ const FIRST_BLOCK: usize = CHUNK_HDR + HDR;
 /// Bytes of a chunk that are not payload of its first block.
 const CHUNK_OVERHEAD: usize = FIRST_BLOCK + HDR + HDR;
 
-/// Written just before the block header of a direct block.
-#[repr(C)]
-struct DirectHeader {
-    map_start: *mut u8,
-    map_len: usize,
-}
-const DIRECT_HDR: usize = core::mem::size_of::<DirectHeader>() + HDR;
+/// Bytes a direct block's mapping holds before its payload (at least): its block header and
+/// 16 bytes that once held the mapping's start and length. The registry of direct blocks
+/// (`addr_map::DIRECT`) holds those now, out of the user's reach; the space stays so that
+/// payloads keep their offset in the mapping.
+const DIRECT_HDR: usize = 16 + HDR;
 
 // Block accessors. Each requires a valid block header.
 #[inline]
@@ -319,6 +318,7 @@ impl LargeState {
         if base.is_null() {
             return false;
         }
+        addr_map::note_chunk(base, len);
         // SAFETY: `base` is a fresh zeroed mapping of `len` bytes; all headers written lie
         // inside it.
         unsafe {
@@ -439,8 +439,177 @@ impl LargeState {
             }
             self.chunk_count -= 1;
             self.chunk_bytes -= (*chunk).len;
+            // Before the caller unmaps it: from now on a free into it is named as such.
+            addr_map::note_chunk_gone(chunk.cast(), (*chunk).len);
             (chunk.cast(), (*chunk).len)
         }
+    }
+}
+
+/// Where a pointer handed to the large heap lies, as the heap's own maps say.
+enum Where {
+    /// In a live chunk, whose header is here.
+    Chunk(*mut ChunkHeader),
+    /// A live block with a mapping of its own (when it was looked up).
+    Direct,
+}
+
+/// Judges `ptr` from the address map and the registry of direct blocks, before anything
+/// near it is read; aborts with a diagnosis when it is in no memory the large heap holds.
+#[inline]
+fn locate(ptr: *mut u8) -> Where {
+    match addr_map::kind_of(block_of(ptr).addr()) {
+        addr_map::CHUNK_START | addr_map::CHUNK_CONT => {
+            let start = addr_map::chunk_start(block_of(ptr).addr());
+            Where::Chunk(ptr.with_addr(start).cast())
+        }
+        addr_map::SMALL => report_bad_large_free(ptr),
+        _ => match DIRECT_BLOCKS.lookup(ptr) {
+            Direct::Live { .. } => Where::Direct,
+            _ => report_bad_large_free(ptr),
+        },
+    }
+}
+
+/// Whether `b` is a used block of `chunk` whose links agree with its neighbours: the
+/// header of a block freed by its owner. Reads only headers inside the chunk.
+///
+/// # Safety
+/// `chunk` is a live chunk holding `b`; its lock is held.
+unsafe fn is_live_block(b: *mut Block, chunk: *mut ChunkHeader) -> bool {
+    // SAFETY: every header read is checked to lie inside the chunk first.
+    unsafe {
+        let base = chunk.addr();
+        let end = base + (*chunk).len;
+        if b.addr() < base + FIRST_BLOCK || b.addr() + 2 * HDR > end || b.addr() % HDR != 0 {
+            return false;
+        }
+        let f = flags(b);
+        if f & USED == 0 || f & DIRECT != 0 {
+            return false;
+        }
+        let n = payload(b).addr().checked_add(size(b));
+        if n.is_none_or(|n| n + HDR > end) {
+            return false;
+        }
+        let p = (*b).prev;
+        if p.addr() < base + CHUNK_HDR || p.addr() >= b.addr() || p.addr() % HDR != 0 {
+            return false;
+        }
+        (*next(b)).prev == b && next(p) == b
+    }
+}
+
+/// What a free into a chunk that is not a live block's start hit.
+enum Hit {
+    /// The start of a free block: a double free.
+    FreeStart,
+    /// Inside free space at this block's payload (a double free of a block merged with a
+    /// neighbour, or a pointer into freed memory).
+    InFree(usize),
+    /// Inside the used block with this payload and size.
+    InUsed(usize, usize),
+    /// The chunk's block list is damaged (a write past a block's end?) before `ptr`.
+    Damaged(usize),
+}
+
+/// Walks `chunk`'s blocks in address order to find what `ptr` points into.
+///
+/// # Safety
+/// `chunk` is a live chunk holding `ptr`; its lock is held.
+unsafe fn diagnose(ptr: *mut u8, chunk: *mut ChunkHeader) -> Hit {
+    // SAFETY: every header read is checked to lie inside the chunk first.
+    unsafe {
+        let base = chunk.addr();
+        let end = base + (*chunk).len;
+        let mut b: *mut Block = chunk.cast::<u8>().add(CHUNK_HDR).cast();
+        loop {
+            let start = payload(b).addr();
+            let Some(stop) = start.checked_add(size(b)).filter(|&s| s + HDR <= end) else {
+                return Hit::Damaged(b.addr());
+            };
+            if ptr.addr() >= b.addr() && ptr.addr() < stop.max(start + 1) {
+                return match (is_used(b), ptr.addr() == start) {
+                    (false, true) => Hit::FreeStart,
+                    (false, false) => Hit::InFree(start),
+                    (true, _) => Hit::InUsed(start, size(b)),
+                };
+            }
+            if size(b) == 0 && b.addr() != base + CHUNK_HDR {
+                return Hit::Damaged(b.addr());
+            }
+            b = next(b);
+        }
+    }
+}
+
+/// Aborts with the diagnosis of a free into a chunk that is not a live block's start.
+#[cold]
+#[inline(never)]
+fn report_in_chunk(ptr: *mut u8, hit: Hit) -> ! {
+    let p = ptr.addr();
+    match hit {
+        Hit::FreeStart => fatal!(
+            "double free of {:#x} (a large block that is already free)",
+            p
+        ),
+        Hit::InFree(at) => fatal!(
+            "double free of {:#x}: it lies in free space of the large-block heap (the free \
+             block at {:#x}; freed before, and merged with a neighbour)",
+            p,
+            at
+        ),
+        Hit::InUsed(at, size) if at == p => fatal!(
+            "heap corruption: the header of the large block {:#x} ({} bytes) is damaged (a \
+             write past the end of the block before it?)",
+            p,
+            size
+        ),
+        Hit::InUsed(at, size) => fatal!(
+            "free of {:#x}, which is inside the large block at {:#x} ({} bytes), not at its \
+             start",
+            p,
+            at,
+            size
+        ),
+        Hit::Damaged(at) => fatal!(
+            "heap corruption: free of {:#x}, but the large-block heap's block list is damaged \
+             at {:#x} (a write past the end of a block?)",
+            p,
+            at
+        ),
+    }
+}
+
+/// Aborts with the diagnosis of a large free of `ptr` that lies in no live chunk and is no
+/// live direct block, from the address map and the registry (nothing at `ptr` is read).
+#[cold]
+#[inline(never)]
+pub(crate) fn report_bad_large_free(ptr: *mut u8) -> ! {
+    let p = ptr.addr();
+    if DIRECT_BLOCKS.lookup(ptr) == Direct::Freed {
+        fatal!(
+            "double free of {:#x} (a block with its own mapping, already freed and unmapped)",
+            p
+        );
+    }
+    match addr_map::kind_of(block_of(ptr).addr()) {
+        addr_map::SMALL => fatal!(
+            "wrong layout: free of {:#x} with a layout past the small classes, but it is a \
+             small block (the layout passed to dealloc differs from the one allocated)",
+            p
+        ),
+        addr_map::RETIRED_CHUNK | addr_map::RETIRED_SMALL => fatal!(
+            "double free of {:#x}: the memory it lay in was already returned to the OS (freed \
+             before, and its chunk released)",
+            p
+        ),
+        _ => fatal!(
+            "not a block of this heap: free of {:#x} as a large block, but tagalloc never \
+             mapped that address (a stack address, memory of another allocator, or a pointer \
+             inside a block with its own mapping)",
+            p
+        ),
     }
 }
 
@@ -543,23 +712,30 @@ impl LargeHeap {
         }
         // SAFETY: `base` is a fresh mapping of `len` bytes; the headers lie before the payload
         // inside it.
-        unsafe { Some(self.format_direct(base, len, header_space, tag)) }
+        let grant = unsafe { self.format_direct(base, len, header_space, tag) };
+        if grant.is_none() {
+            // SAFETY: the mapping was just made and nothing else refers to it.
+            unsafe { source.unmap(base, len) };
+        }
+        grant
     }
 
+    /// Writes a direct block's headers into its mapping and records it in the registry of
+    /// direct blocks; `None` (nothing counted) when the registry cannot grow.
     unsafe fn format_direct(
         &self,
         base: *mut u8,
         len: usize,
         header_space: usize,
         tag: Tag,
-    ) -> LargeGrant {
+    ) -> Option<LargeGrant> {
         // SAFETY: the caller passes a mapping of `len` bytes with room for the headers.
         unsafe {
             let ptr = base.add(header_space);
+            if !DIRECT_BLOCKS.insert(ptr, base, len) {
+                return None;
+            }
             let capacity = len - header_space;
-            let dh: *mut DirectHeader = ptr.sub(DIRECT_HDR).cast();
-            (*dh).map_start = base;
-            (*dh).map_len = len;
             let b = block_of(ptr);
             (*b).prev = null_mut();
             (*b).size_flags = capacity | USED | DIRECT | ((tag as usize) << TAG_SHIFT);
@@ -567,11 +743,11 @@ impl LargeHeap {
             self.direct_granted.fetch_add(capacity, Relaxed);
             self.direct_mapped.fetch_add(len, Relaxed);
             self.direct_allocations.fetch_add(1, Relaxed);
-            LargeGrant {
+            Some(LargeGrant {
                 ptr,
                 size: capacity,
                 dirty_prefix: 0,
-            }
+            })
         }
     }
 
@@ -582,7 +758,9 @@ impl LargeHeap {
     /// `ptr` must be a live block of a large heap.
     #[inline]
     pub(crate) unsafe fn tag_of(ptr: *mut u8) -> Tag {
-        // SAFETY: a live block has a valid header before it.
+        locate(ptr);
+        // SAFETY: a live block has a valid header before it (and `locate` found `ptr` in
+        // memory the heap holds, so the header is mapped whatever the caller passed).
         unsafe { ((*block_of(ptr)).size_flags >> TAG_SHIFT) as Tag }
     }
 
@@ -592,7 +770,8 @@ impl LargeHeap {
     /// `ptr` must be a live block of this heap.
     #[inline]
     pub(crate) unsafe fn usable_size(ptr: *mut u8) -> usize {
-        // SAFETY: a live block has a valid header before it.
+        locate(ptr);
+        // SAFETY: a live block has a valid header before it (mapped: see `tag_of`).
         unsafe { size(block_of(ptr)) }
     }
 
@@ -609,26 +788,26 @@ impl LargeHeap {
         retain_empty: bool,
     ) {
         let mut b = block_of(ptr);
-        // SAFETY: for a valid `ptr` the header is valid; misuse that corrupts it is reported
-        // where the flags or links make it visible.
+        let chunk = match locate(ptr) {
+            Where::Chunk(chunk) => chunk,
+            Where::Direct => match DIRECT_BLOCKS.take(ptr) {
+                // SAFETY: the registry says `ptr` is a live direct block mapped there.
+                Direct::Live { map_start, map_len } => unsafe {
+                    return self.free_direct(b, map_start, map_len, source);
+                },
+                // Freed by another thread since `locate` looked.
+                _ => report_bad_large_free(ptr),
+            },
+        };
+        // SAFETY: `chunk` is a live chunk holding `ptr` (the address map says so), so every
+        // header checked lies in mapped memory; the block is taken apart only once
+        // `is_live_block` confirmed it is a used block of the chunk with consistent links.
         unsafe {
-            let f = flags(b);
-            if f & USED == 0 {
-                fatal!(
-                    "double free of {:p} (a large block that is already free)",
-                    ptr
-                );
-            }
-            if f & DIRECT != 0 {
-                return self.free_direct(b, source);
-            }
             let mut st = self.state.lock();
-            if (*next(b)).prev != b || next((*b).prev) != b {
+            if !is_live_block(b, chunk) {
+                let what = diagnose(ptr, chunk);
                 drop(st);
-                fatal!(
-                    "free of {:p}: not the start of a live large block (heap links do not match)",
-                    ptr
-                );
+                report_in_chunk(ptr, what);
             }
             st.live_blocks -= 1;
             st.granted_bytes -= size(b);
@@ -661,14 +840,24 @@ impl LargeHeap {
         }
     }
 
-    unsafe fn free_direct(&self, b: *mut Block, source: &impl PageSource) {
-        // SAFETY: `b` is the header of a live direct block; its mapping is described by the
-        // direct header before it.
+    /// Unmaps a direct block whose mapping the registry gave (never the lengths in its
+    /// headers, which a user could have overwritten).
+    ///
+    /// # Safety
+    /// `b` is the header of a direct block the registry just marked freed, mapped at
+    /// `[start, start + len)`.
+    unsafe fn free_direct(
+        &self,
+        b: *mut Block,
+        start: *mut u8,
+        len: usize,
+        source: &impl PageSource,
+    ) {
+        // SAFETY: forwarded from the caller; the header is inside the mapping.
         unsafe {
-            let dh: *mut DirectHeader = payload(b).sub(DIRECT_HDR).cast();
-            let (start, len) = ((*dh).map_start, (*dh).map_len);
+            let capacity = len - (payload(b).addr() - start.addr());
             self.direct_blocks.fetch_sub(1, Relaxed);
-            self.direct_granted.fetch_sub(size(b), Relaxed);
+            self.direct_granted.fetch_sub(capacity, Relaxed);
             self.direct_mapped.fetch_sub(len, Relaxed);
             self.direct_frees.fetch_add(1, Relaxed);
             source.unmap(start, len);
@@ -690,9 +879,10 @@ impl LargeHeap {
     ) -> Option<(*mut u8, usize)> {
         let new_payload = Self::payload_for(new_size)?;
         let b = block_of(ptr);
+        let direct = matches!(locate(ptr), Where::Direct);
         // SAFETY: `ptr` is live, so its header is valid; the lock guards tree blocks.
         unsafe {
-            if flags(b) & DIRECT != 0 {
+            if direct {
                 return self.resize_direct(b, new_payload, align, source);
             }
             let mut st = self.state.lock();
@@ -741,8 +931,14 @@ impl LargeHeap {
             if align > granule {
                 return None;
             }
-            let dh: *mut DirectHeader = payload(b).sub(DIRECT_HDR).cast();
-            let (start, old_len) = ((*dh).map_start, (*dh).map_len);
+            // The mapping as the registry has it, not as the headers (user-writable) say.
+            let Direct::Live {
+                map_start: start,
+                map_len: old_len,
+            } = DIRECT_BLOCKS.lookup(payload(b))
+            else {
+                report_bad_large_free(payload(b));
+            };
             let header_space = payload(b).addr() - start.addr();
             let tag = Self::tag_of(payload(b));
             let new_len = header_space
@@ -752,12 +948,20 @@ impl LargeHeap {
             if base.is_null() {
                 return None;
             }
+            // The old address is gone (a free of it now is a double free).
+            DIRECT_BLOCKS.take(payload(b));
             self.direct_blocks.fetch_sub(1, Relaxed);
             self.direct_granted.fetch_sub(capacity, Relaxed);
             self.direct_mapped.fetch_sub(old_len, Relaxed);
             self.direct_allocations.fetch_sub(1, Relaxed);
-            let grant = self.format_direct(base, new_len, header_space, tag);
-            Some((grant.ptr, grant.size))
+            match self.format_direct(base, new_len, header_space, tag) {
+                Some(grant) => Some((grant.ptr, grant.size)),
+                None => fatal!(
+                    "out of memory for the registry of blocks with their own mapping, while \
+                     resizing {:#x}",
+                    base.addr() + header_space
+                ),
+            }
         }
     }
 
@@ -851,6 +1055,7 @@ impl LargeHeap {
             let mut chunk = st.chunks;
             while !chunk.is_null() {
                 let next = (*chunk).next;
+                addr_map::note_chunk_gone(chunk.cast(), (*chunk).len);
                 source.unmap(chunk.cast(), (*chunk).len);
                 chunk = next;
             }

@@ -11,6 +11,7 @@
 //! Rust hands the layout back on free, so the class of a small block is computed, not read
 //! from the block; the page header only confirms it.
 
+pub(crate) mod addr_map;
 pub(crate) mod large;
 mod purge;
 pub(crate) mod size_class;
@@ -130,8 +131,13 @@ impl<S: PageSource> HphaSchema<S> {
     /// # Safety
     /// `ptr` must be a live small block of this heap.
     #[inline]
-    unsafe fn small_heap_holding(&self, ptr: *mut u8) -> &SmallHeap {
-        // SAFETY: forwarded from the caller.
+    unsafe fn small_heap_holding(&self, ptr: *mut u8, class: usize) -> &SmallHeap {
+        // A pointer outside the live small-block segments is reported before its segment's
+        // tag word is read (the map costs two loads; this is not the thread caches' path).
+        if addr_map::kind_of(ptr.addr()) != addr_map::SMALL {
+            small::report_bad_free(ptr, class);
+        }
+        // SAFETY: the segment is live (the map says so), so its first word is mapped.
         let tag = unsafe { small::segment_tag(ptr) };
         if tag == 0 {
             return &self.small;
@@ -139,9 +145,9 @@ impl<S: PageSource> HphaSchema<S> {
         match self.tagged.get(tag) {
             Some(heap) => heap,
             None => crate::fatal::fatal!(
-                "free of {:p}: its segment says tag {}, which has no heap (not a small block \
-                 of this heap)",
-                ptr,
+                "not a block of this heap: free of {:#x}: its segment says tag {}, which has no \
+                 heap",
+                ptr.addr(),
                 tag
             ),
         }
@@ -265,7 +271,7 @@ impl<S: PageSource> HphaSchema<S> {
             // SAFETY: forwarded from the caller: a live small block, whose segment says
             // which tag's heap it belongs to.
             unsafe {
-                self.small_heap_holding(ptr.as_ptr())
+                self.small_heap_holding(ptr.as_ptr(), class)
                     .free(ptr.as_ptr(), class, self.stamp())
             };
         } else {

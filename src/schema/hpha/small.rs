@@ -34,7 +34,7 @@ use crate::fatal::fatal;
 use crate::os::PageSource;
 use crate::sync::SpinLock;
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Bytes per small-block page; also the alignment used to find a page header.
 pub const PAGE_SIZE: usize = 64 * 1024;
@@ -66,10 +66,44 @@ pub(crate) fn huge_pages_wanted(bytes_before: usize) -> bool {
 
 /// Whether double frees and foreign frees of small blocks are checked with a bitmap.
 pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
+/// Whether builds without [`CHECKED`] compare a small free's layout class with the block's
+/// class on the thread caches' fast path (feature `class-check`). Off by default: it adds
+/// 16 instructions to an 84-instruction alloc+free pair and 6-7% CPU time to the `small`
+/// comparison workload (docs/misuse.md), above the 1% the default build may spend on it.
+/// Frees that reach the heap itself (bin flushes, `HphaSchema::deallocate`) always check.
+pub(crate) const CLASS_CHECK: bool = cfg!(feature = "class-check");
 /// Words of the per-page "slot is live" bitmap (one bit per slot of the smallest class).
 /// Words a bitmap with one bit per slot of the smallest class needs.
 const FULL_BITMAP_WORDS: usize = PAGE_SIZE / 8 / 64;
-const BITMAP_WORDS: usize = if CHECKED { FULL_BITMAP_WORDS } else { 0 };
+/// Checked builds keep two bitmaps at each page's start: "slot is live", then "slot was
+/// freed and filled with [`FREED_FILL`]" (verified when the slot is handed out again).
+const BITMAP_WORDS: usize = if CHECKED { 2 * FULL_BITMAP_WORDS } else { 0 };
+/// Where the "freed and filled" bitmap starts, in words from the page's start.
+const FILLED_WORDS_AT: usize = FULL_BITMAP_WORDS;
+/// What checked builds fill a freed small block with, past its first word (the free-list
+/// link): a write after free shows as a byte that differs when the slot is handed out again.
+pub(crate) const FREED_FILL: u8 = 0xdd;
+
+/// Where a segment keeps its class line, in its first (tag) line: a marker word at
+/// [`SEG_MARKER_AT`] (`SEG_MAGIC ^ segment address` once mapped) and one byte per page at
+/// [`SEG_CLASSES_AT`] (the page's class + 1 while it serves one, else 0). Every free reads
+/// the two to check that the layout's class is the block's class: one cache line per 2 MiB
+/// segment, which the tag test of scoped frees reads anyway, and a handful of instructions
+/// (a page header is a line per page, and finding it takes a multiply).
+const SEG_MARKER_AT: usize = 8;
+const SEG_CLASSES_AT: usize = 32;
+const SEG_MAGIC: usize = 0x5e6d_c1a5_5c1a_55e5;
+const _: () = assert!(SEG_CLASSES_AT + PAGES_PER_SEGMENT <= 64 && SEG_MARKER_AT >= 2);
+
+/// The class byte of the page holding `ptr`, in its segment's class line.
+#[inline(always)]
+fn class_byte<'a>(ptr: *mut u8) -> &'a AtomicU8 {
+    let seg = ptr.map_addr(|a| a & !(SEGMENT_SIZE - 1));
+    let index = (ptr.addr() % SEGMENT_SIZE) / PAGE_SIZE;
+    // SAFETY: callers pass pointers into live small-block segments (or, in `check_free`,
+    // into some mapped 2 MiB region); the byte lies in the segment's first line.
+    unsafe { &*seg.add(SEG_CLASSES_AT + index).cast::<AtomicU8>() }
+}
 
 /// `page.class` of a page that belongs to no class (in the pool).
 const NO_CLASS: u16 = u16::MAX;
@@ -123,8 +157,7 @@ pub(crate) struct PageHeader {
     seg_idle_since: u64,
 }
 
-/// Bytes at the start of each page that hold no slots: the "slot is live" bitmap of
-/// checked builds.
+/// Bytes at the start of each page that hold no slots: the bitmaps of checked builds.
 const LIVE_SPACE: usize = BITMAP_WORDS * 8;
 const _: () = assert!((PAGE_SIZE - LIVE_SPACE) / 8 <= FULL_BITMAP_WORDS * 64);
 
@@ -331,6 +364,7 @@ impl PagePool {
                 if base.is_null() {
                     return null_mut();
                 }
+                super::addr_map::note_segment(base);
                 if huge_pages_wanted(self.segment_count * SEGMENT_SIZE) {
                     source.hint_huge_pages(base, SEGMENT_SIZE);
                 }
@@ -339,6 +373,9 @@ impl PagePool {
                 if self.tag != 0 {
                     base.cast::<Tag>().write(self.tag);
                 }
+                base.add(SEG_MARKER_AT)
+                    .cast::<usize>()
+                    .write(SEG_MAGIC ^ base.addr());
                 let seg = page_of(base);
                 // Fresh mappings read as zero, so only the non-zero fields need writing. The
                 // first page holds the headers.
@@ -369,6 +406,7 @@ impl PagePool {
         unsafe {
             (*page).marker = 0;
             (*page).class = NO_CLASS;
+            class_byte(page_base(page)).store(0, Relaxed);
             (*page).idle_since = stamp;
             let seg = segment_of(page);
             (*seg).seg_used -= 1;
@@ -406,6 +444,7 @@ impl PagePool {
                         (*next).seg_prev = prev;
                     }
                     self.segment_count -= 1;
+                    super::addr_map::note_segment_gone(page_base(seg));
                     source.unmap(page_base(seg), SEGMENT_SIZE);
                 }
                 seg = next_seg;
@@ -430,6 +469,7 @@ impl PagePool {
             let mut seg = self.segments;
             while !seg.is_null() {
                 let next = (*seg).seg_next;
+                super::addr_map::note_segment_gone(page_base(seg));
                 source.unmap(page_base(seg), SEGMENT_SIZE);
                 seg = next;
             }
@@ -501,6 +541,7 @@ impl SmallHeap {
         // SAFETY: the page is ours and mapped for PAGE_SIZE bytes.
         unsafe {
             (*page).marker = page_marker(page);
+            class_byte(page_base(page)).store(class as u8 + 1, Relaxed);
             (*page).free = null_mut();
             (*page).free_count = 0;
             (*page).bump = page_base(page).add(PAGE_SIZE - capacity * elem);
@@ -651,7 +692,7 @@ impl SmallHeap {
         // SAFETY: for a valid slot the page is a live class page; the class lock is held.
         unsafe {
             if (*page).marker != page_marker(page) || (*page).class as usize != class {
-                report_bad_free(slot.cast(), page, class);
+                report_bad_free(slot.cast(), class);
             }
             if CHECKED && segment_tag(slot.cast()) != self.tag {
                 fatal!(
@@ -836,67 +877,169 @@ unsafe fn slot_bit(page: *mut PageHeader, slot: *mut u8) -> (usize, u64) {
 pub(crate) unsafe fn mark_allocated(ptr: *mut u8) {
     if CHECKED {
         let page = page_of(ptr);
-        // SAFETY: the slot is live, so its page header is valid; the bitmap is atomic.
+        // SAFETY: the slot is live, so its page header is valid; the bitmaps are atomic.
         unsafe {
             let (w, bit) = slot_bit(page, ptr);
             live_word(page, w).fetch_or(bit, Relaxed);
+            if live_word(page, FILLED_WORDS_AT + w).fetch_and(!bit, Relaxed) & bit != 0 {
+                verify_fill(ptr, (*page).elem as usize);
+            }
         }
     }
 }
 
-/// In checked builds, validates a user's free of `ptr` as a block of `class` and records
-/// it: a foreign pointer, a wrong class, an interior pointer or a double free aborts with a
-/// message. Free in unchecked builds.
+/// Checks that a slot freed and filled by a checked free still holds [`FREED_FILL`] past
+/// its first word; aborts naming the block, its class and the first byte written otherwise.
 ///
 /// # Safety
-/// `ptr` must point into memory of a live small-block page (any pointer a user obtained
-/// from a [`SmallHeap`]).
-#[inline]
+/// `ptr` is a slot of `elem` bytes just handed out again.
+#[inline(never)]
+unsafe fn verify_fill(ptr: *mut u8, elem: usize) {
+    let word = core::mem::size_of::<FreeSlot>();
+    // SAFETY: the slot is `elem` bytes long and ours (just handed out).
+    let body = unsafe { core::slice::from_raw_parts(ptr.add(word), elem.saturating_sub(word)) };
+    if let Some(at) = body.iter().position(|&b| b != FREED_FILL) {
+        fatal!(
+            "written after free: the {}-byte block at {:#x} (size class {} B, allocator '{}') \
+             was written at offset {} after it was freed (byte {:#04x} where the freed fill \
+             {:#04x} was); found when the block was handed out again",
+            elem,
+            ptr.addr(),
+            elem,
+            // SAFETY: the slot is live, so its segment's tag word is mapped.
+            crate::fatal::tag_name(unsafe { segment_tag(ptr) }),
+            at + word,
+            body[at],
+            FREED_FILL
+        );
+    }
+}
+
+/// Validates a user's free of `ptr` as a block of `class`.
+///
+/// With feature `class-check` (and in checked builds, by the fuller check below) this
+/// compares the class of the block's page with the class of the layout passed to free (the
+/// segment's marker word and the page's class byte, in the segment's first line): a block
+/// freed with another class's layout, or a large block freed with a small layout, aborts
+/// with a message instead of entering a free list of the wrong class. The default build
+/// skips it here (see [`CLASS_CHECK`] and `docs/misuse.md` for what it costs). Debug builds and feature `checked` also ask the address map first (a
+/// pointer tagalloc never mapped is named so without reading memory near it), and catch
+/// interior pointers and double frees with the page's bitmap.
+///
+/// # Safety
+/// In unchecked builds, `ptr` must lie in memory whose 2 MiB-aligned region is mapped
+/// (any pointer a user obtained from a [`SmallHeap`] or the large heap does); checked
+/// builds accept any pointer.
+#[inline(always)]
 pub(crate) unsafe fn check_free(ptr: *mut u8, class: usize) {
-    if !CHECKED {
+    if CHECKED {
+        // SAFETY: checked builds judge any pointer from the address map first.
+        return unsafe { check_free_fully(ptr, class) };
+    }
+    if !CLASS_CHECK {
         return;
     }
+    let seg = ptr.map_addr(|a| a & !(SEGMENT_SIZE - 1));
+    // SAFETY: forwarded from the caller: the first line of `ptr`'s 2 MiB region is mapped.
+    let marker = unsafe { seg.add(SEG_MARKER_AT).cast::<usize>().read() };
+    if marker != SEG_MAGIC ^ seg.addr() || class_byte(ptr).load(Relaxed) != class as u8 + 1 {
+        report_bad_free(ptr, class);
+    }
+}
+
+/// [`check_free`] of checked builds: the address map, the page, the slot's position and
+/// its bit in the page's bitmap.
+///
+/// # Safety
+/// None beyond the free's own contract: a pointer that is not in a live small-block segment
+/// is reported without being read.
+#[inline]
+unsafe fn check_free_fully(ptr: *mut u8, class: usize) {
+    if super::addr_map::kind_of(ptr.addr()) != super::addr_map::SMALL {
+        report_bad_free(ptr, class);
+    }
     let page = page_of(ptr);
-    // SAFETY: the page header of a small block stays valid while any block of it is live.
+    // SAFETY: the segment is live (the address map says so), so its header page is mapped;
+    // the bitmap of a page serving a class is at the page's start.
     unsafe {
         if (*page).marker != page_marker(page) || (*page).class as usize != class {
-            report_bad_free(ptr, page, class);
+            report_bad_free(ptr, class);
         }
         let elem = (*page).elem as usize;
         let end = page_base(page).addr() + PAGE_SIZE;
         let first = end - (*page).capacity as usize * elem;
         if ptr.addr() < first || (end - ptr.addr()) % elem != 0 {
+            let start = ptr.addr() - (ptr.addr().saturating_sub(first)) % elem;
             fatal!(
-                "free of {:p}, which is inside a {}-byte block, not at its start",
-                ptr,
-                elem
+                "free of {:#x}, which is inside the {}-byte block at {:#x}, not at its start \
+                 (allocator '{}')",
+                ptr.addr(),
+                elem,
+                start,
+                crate::fatal::tag_name(segment_tag(ptr))
             );
         }
         let (w, bit) = slot_bit(page, ptr);
         if live_word(page, w).fetch_and(!bit, Relaxed) & bit == 0 {
-            fatal!("double free of {:p} ({}-byte block)", ptr, elem);
+            fatal!(
+                "double free of {:#x} (a {}-byte small block of allocator '{}', already free)",
+                ptr.addr(),
+                elem,
+                crate::fatal::tag_name(segment_tag(ptr))
+            );
+        }
+        // The slot is free now and nobody else's: fill it past its link word, and say so.
+        let word = core::mem::size_of::<FreeSlot>();
+        if elem > word {
+            ptr.add(word).write_bytes(FREED_FILL, elem - word);
+            live_word(page, FILLED_WORDS_AT + w).fetch_or(bit, Relaxed);
         }
     }
 }
 
+/// Reports a free of `ptr` with a layout of `class` that its page does not confirm, with
+/// the diagnosis the address map and the page header allow. Reads the header only where
+/// the map says the segment is live.
 #[cold]
-fn report_bad_free(ptr: *mut u8, page: *mut PageHeader, class: usize) -> ! {
-    // SAFETY: only reached for a pointer whose page header was just read.
+#[inline(never)]
+pub(crate) fn report_bad_free(ptr: *mut u8, class: usize) -> ! {
+    use super::addr_map::{self, kind_of};
+    let size = class_size(class);
+    match kind_of(ptr.addr()) {
+        addr_map::SMALL => {}
+        addr_map::CHUNK_START | addr_map::CHUNK_CONT => fatal!(
+            "wrong layout: free of {:#x} with a layout of the {}-byte small class, but it lies in the large-block heap (a large block freed with a small layout, or a pointer inside one)",
+            ptr.addr(),
+            size
+        ),
+        addr_map::RETIRED_SMALL | addr_map::RETIRED_CHUNK => fatal!(
+            "double free of {:#x} (as a {}-byte small block): the memory it lay in was already returned to the OS",
+            ptr.addr(),
+            size
+        ),
+        _ => fatal!(
+            "not a block of this heap: free of {:#x} as a {}-byte small block, but tagalloc never mapped that address (a stack address, or memory of another allocator)",
+            ptr.addr(),
+            size
+        ),
+    }
+    let page = page_of(ptr);
+    // SAFETY: the segment is live (the address map says so), so its header page is mapped.
     let (marker_ok, page_class) = unsafe { ((*page).marker == page_marker(page), (*page).class) };
     if !marker_ok {
         fatal!(
-            "free of {:p} as a {}-byte small block, but it is not a live small block of this \
-             heap (wrong allocator, wrong layout, or already freed page)",
-            ptr,
-            class_size(class)
+            "double free of {:#x} (as a {}-byte small block): its page holds no live block (the page was emptied and returned to the heap's pool)",
+            ptr.addr(),
+            size
         );
     }
     fatal!(
-        "free of {:p} with a layout of the {}-byte class, but the block is in the {}-byte class \
-         (the layout passed to dealloc differs from the one allocated)",
-        ptr,
-        class_size(class),
-        class_size(page_class as usize)
+        "wrong layout: free of {:#x} with a layout of the {}-byte class, but the block is in the {}-byte class (the layout passed to dealloc differs from the one allocated; allocator '{}')",
+        ptr.addr(),
+        size,
+        class_size(page_class as usize),
+        // SAFETY: the segment is live (the address map says so): its tag word is mapped.
+        crate::fatal::tag_name(unsafe { segment_tag(ptr) })
     )
 }
 

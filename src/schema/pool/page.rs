@@ -30,8 +30,11 @@ use super::PoolConfig;
 use crate::fatal::fatal;
 use core::ptr::null_mut;
 
-/// Whether double frees and interior-pointer frees are checked with a per-page bitmap.
-pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
+/// Whether double frees and interior-pointer frees are checked with a per-page bitmap:
+/// always, in every build. A pool block's free sets and tests one bit in its page's header
+/// (a line the free touches anyway), so a double free aborts at the second free instead of
+/// handing the block out twice; what it costs is in `docs/misuse.md`.
+pub(crate) const CHECKED: bool = true;
 
 /// The most size classes a pool can have; the class table is inline in the schema (and in
 /// each per-thread heap), so it needs a bound known at compile time.
@@ -187,37 +190,54 @@ unsafe fn live_bit(page: *mut PageHeader, slot: *mut u8) -> (*mut u64, u64) {
     }
 }
 
-/// Checked builds: aborts unless `slot` is the start of a live slot of `page`, and marks it
-/// free in the bitmap.
+/// Aborts unless `slot` is the start of a live slot of `page`, and marks it free in the
+/// bitmap (every build).
+///
+/// Slots start on multiples of the page's smallest class from the page's end, and only slot
+/// starts ever have their bit set, so the fast test is a mask and one bit: a pointer off that
+/// grid, or whose bit is clear (never handed out, already freed, inside a slot), goes to
+/// [`report_bad_pool_free`], which tells them apart.
 ///
 /// # Safety
-/// `page` must be a formatted page of a checked build and `slot` a pointer into it.
+/// `page` must be a formatted page and `slot` a pointer into it.
 #[inline]
 pub(crate) unsafe fn check_live_and_clear(page: *mut PageHeader, slot: *mut u8, cfg: &PoolConfig) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        let elem = (*page).elem as usize;
-        let end = page.addr() + cfg.page_size();
-        let first = end - (*page).capacity as usize * elem;
-        if slot.addr() < first || (end - slot.addr()) % elem != 0 {
-            fatal!(
-                "pool '{}': free of {:p}, which is inside a {}-byte block, not at its start",
-                cfg.name(),
-                slot,
-                elem
-            );
-        }
+        let grid = (1usize << (*page).shift) - 1;
         let (word, bit) = live_bit(page, slot);
-        if *word & bit == 0 {
-            fatal!(
-                "pool '{}': double free of {:p} ({}-byte block)",
-                cfg.name(),
-                slot,
-                elem
-            );
+        if slot.addr() & grid != 0 || *word & bit == 0 {
+            report_bad_pool_free(page, slot, cfg);
         }
         *word &= !bit;
     }
+}
+
+/// The diagnosis of a pool free that [`check_live_and_clear`] refused.
+///
+/// # Safety
+/// As for [`check_live_and_clear`].
+#[cold]
+#[inline(never)]
+unsafe fn report_bad_pool_free(page: *mut PageHeader, slot: *mut u8, cfg: &PoolConfig) -> ! {
+    // SAFETY: forwarded from the caller: the header is valid.
+    let (elem, capacity) = unsafe { ((*page).elem as usize, (*page).capacity as usize) };
+    let end = page.addr() + cfg.page_size();
+    let first = end - capacity * elem;
+    if slot.addr() < first || (end - slot.addr()) % elem != 0 {
+        fatal!(
+            "pool '{}': free of {:p}, which is inside a {}-byte block, not at its start",
+            cfg.name(),
+            slot,
+            elem
+        );
+    }
+    fatal!(
+        "pool '{}': double free of {:p} ({}-byte block)",
+        cfg.name(),
+        slot,
+        elem
+    )
 }
 
 /// Pushes a freed slot on its page's free list (the caller updates `used`).
