@@ -21,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(models threads fork valgrind tsan)
+[ ${#stages[@]} -eq 0 ] && stages=(models threads fork valgrind tsan miri)
 logs=target/stress
 limit=${STRESS_TIMEOUT:-900}
 mkdir -p "$logs"
@@ -117,6 +117,21 @@ stage_valgrind() {
   done <<<"$list"
 }
 
+stage_miri() {
+  if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    note "miri: not installed (rustup +nightly component add miri rust-src), skipped"
+    return
+  fi
+  note "miri: every pure-algorithm module, the HPHA heap's tests included (CI skips those)"
+  local log=$logs/miri.log
+  if MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test --lib -- schema:: sync:: fatal:: \
+    virtual_block:: records::config:: records::sample:: records::mode:: records::map:: >"$log" 2>&1; then
+    echo "ok   miri"
+  else
+    fail "miri" "$log"
+  fi
+}
+
 stage_tsan() {
   local target
   target=$(rustc +nightly -vV 2>/dev/null | sed -n 's/^host: //p')
@@ -138,7 +153,7 @@ stage_tsan() {
     --message-format=json --lib --tests 2>/dev/null |
     grep -o '"executable":"[^"]*"' | sed -E 's/"executable":"(.*)"/\1/')
   unset RUSTFLAGS CARGO_TARGET_DIR
-  for e in game demo records; do list+=$'\n'"$dir/$target/release/examples/$e"; done
+  for e in demo records; do list+=$'\n'"$dir/$target/release/examples/$e"; done
   while read -r path; do
     [ -n "$path" ] || continue
     local name
