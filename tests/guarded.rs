@@ -14,7 +14,6 @@ use allocator_api2::vec::Vec as ApiVec;
 use core::alloc::{GlobalAlloc, Layout};
 use core::num::NonZeroU32;
 use std::hint::black_box;
-use std::process::Command;
 use tagalloc::SystemAllocator;
 
 #[global_allocator]
@@ -149,23 +148,6 @@ fn run_case(case: &str) -> String {
     common::run_aborting_child(CASE_VAR, case)
 }
 
-fn run_case_with_env(case: &str, var: &str, value: &str) -> String {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
-        .args([
-            "child_entry_point",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CASE_VAR, case)
-        .env(var, value)
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "case {case} should have died");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 fn assert_overrun(stderr: &str, kind: &str, past: usize, size: usize, allocator: &str) {
     let want = format!("{past} byte(s) past the end of the {size}-byte block");
     assert!(
@@ -203,7 +185,11 @@ fn overrun_read_is_caught_too() {
 
 #[test]
 fn rate_from_the_environment() {
-    let err = run_case_with_env("env_overflow", "TAGALLOC_GUARDED", "Loader=1/1");
+    let err = common::run_aborting_child_with(
+        CASE_VAR,
+        "env_overflow",
+        &[("TAGALLOC_GUARDED", "Loader=1/1")],
+    );
     assert_overrun(&err, "write at", 1, 24, "Loader");
 }
 

@@ -12,6 +12,11 @@ use tagalloc::records;
 /// Re-runs this test binary's `child_entry_point` test with `var=case` in the environment,
 /// asserts that the child did not exit cleanly (misuse must abort), and returns its stderr.
 pub fn run_aborting_child(var: &str, case: &str) -> String {
+    run_aborting_child_with(var, case, &[])
+}
+
+/// [`run_aborting_child`] with more variables in the child's environment.
+pub fn run_aborting_child_with(var: &str, case: &str, env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
         .args([
@@ -21,6 +26,7 @@ pub fn run_aborting_child(var: &str, case: &str) -> String {
             "--test-threads=1",
         ])
         .env(var, case)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(!out.status.success(), "case {case} should have aborted");
