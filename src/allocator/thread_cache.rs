@@ -325,7 +325,7 @@ impl ThreadCache {
                 }
                 return p;
             }
-            STATE_NEW => self.register(),
+            STATE_NEW => self.register(0),
             _ => {}
         }
         if self.state.get() == STATE_DEAD {
@@ -443,7 +443,7 @@ impl ThreadCache {
     unsafe fn free_slow<const COUNTED: bool>(&self, lane: &Lane, ptr: *mut u8, class: usize) {
         let slot: *mut FreeSlot = ptr.cast();
         if self.state.get() == STATE_NEW {
-            self.register();
+            self.register(0);
         }
         if self.state.get() == STATE_DEAD {
             // SAFETY: the block was checked by `free` and is now free and ours.
@@ -508,8 +508,11 @@ impl ThreadCache {
 
     /// Registers the cache: thread-exit hook, registry entry, bin limits, lane gates. On
     /// failure the cache is marked dead and the thread runs without one.
+    /// `also`: a tag (0: none) whose lane is set up in the same hold of the registry lock,
+    /// beside the tag entered now: a thread whose first call frees a tag's block (a block
+    /// its spawner allocated inside a scope) will most likely use that tag's lane.
     #[cold]
-    fn register(&self) {
+    fn register(&self, also: Tag) {
         apply_environment_once();
         let Some(key) = process_hooks() else {
             self.state.set(STATE_DEAD);
@@ -522,9 +525,26 @@ impl ThreadCache {
             self.state.set(STATE_DEAD);
             return;
         }
-        for class in 0..CLASS_COUNT {
-            // SAFETY: owning thread.
-            unsafe { self.system().set_limit(class, freeing_limit(class) as i32) };
+        // A thread whose first allocation is inside a scope (a closure from `bind`, a thread
+        // spawned inside `scope`) needs its tag's lane at once: set up in the same hold of
+        // the registry lock, so that a short-lived thread takes the lock twice in its life
+        // (here and at exit), not three times.
+        let entered = self.current_tag.get();
+        let heap_of = |tag: Tag| {
+            if tag == 0 {
+                None
+            } else {
+                HEAP.small_heap_of(tag)
+            }
+        };
+        let entered_heap = heap_of(entered);
+        let also_heap = if also == entered { None } else { heap_of(also) };
+        set_limits(self.system());
+        if entered_heap.is_some() {
+            self.set_built_in_limits(entered);
+        }
+        if also_heap.is_some() {
+            self.set_built_in_limits(also);
         }
         let mut list = THREADS.lock();
         // SAFETY: this thread's lane 0, its limits set and its bins empty; the lock is held.
@@ -548,8 +568,14 @@ impl ThreadCache {
                 .store(Self::initial_open_until(hooks), Relaxed);
         }
         // Child lanes stay closed until the thread's first call through each (see
-        // `set_up_lane`).
+        // `set_up_lane`), but for the tags above.
         self.state.set(STATE_ACTIVE);
+        if let Some(heap) = entered_heap {
+            self.set_up_lane_locked(entered, heap, &mut list);
+        }
+        if let Some(heap) = also_heap {
+            self.set_up_lane_locked(also, heap, &mut list);
+        }
         self.current
             .set(self.lane_for_scope(self.current_tag.get()));
         drop(list);
@@ -629,20 +655,39 @@ impl ThreadCache {
             return None;
         }
         let heap = HEAP.small_heap_of(tag)?;
-        let index = usize::from(tag);
-        // Under the registry lock, as `refresh` writes gates: once the lane is listed, every
-        // later change reaches it. Lanes made on demand come from the list's pool.
+        self.set_built_in_limits(tag);
         let mut list = THREADS.lock();
+        self.set_up_lane_locked(tag, heap, &mut list)
+    }
+
+    /// Sets the bin limits of `tag`'s built-in lane (none for a tag past them), before
+    /// [`set_up_lane_locked`](Self::set_up_lane_locked) lists it: the lane is unused and
+    /// unlisted, so this needs no lock, and the registry lock is held shorter.
+    fn set_built_in_limits(&self, tag: Tag) {
+        if let Some(lane) = self.lanes.get(usize::from(tag)) {
+            set_limits(lane);
+        }
+    }
+
+    /// [`set_up_lane`](Self::set_up_lane) with the registry lock held (`list`): under it,
+    /// as `refresh` writes gates, so that once the lane is listed every later change reaches
+    /// it. Lanes made on demand come from the list's pool. The cache is active.
+    fn set_up_lane_locked(
+        &self,
+        tag: Tag,
+        heap: &'static crate::schema::hpha::small::SmallHeap,
+        list: &mut ThreadList,
+    ) -> Option<&Lane> {
+        let index = usize::from(tag);
         let lane = if index < LANES {
+            // Its limits were set before the lock was taken (see `set_built_in_limits`).
             &self.lanes[index]
         } else {
-            self.dynamic.make(tag, &mut list)?
+            let lane = self.dynamic.make(tag, list)?;
+            set_limits(lane);
+            lane
         };
         lane.set_tag(tag, heap);
-        for class in 0..CLASS_COUNT {
-            // SAFETY: owning thread; the lane is unused, so its bins are empty.
-            unsafe { lane.set_limit(class, freeing_limit(class) as i32) };
-        }
         // SAFETY: this thread's lane, set up with its limits and empty bins; the lock is held.
         unsafe { list.adopt(tag, lane) };
         if index < LANES {
@@ -692,6 +737,15 @@ struct IdleLane(Lane);
 unsafe impl Sync for IdleLane {}
 
 static IDLE_LANE: IdleLane = IdleLane(Lane::idle());
+
+/// Sets every bin limit of a lane of the calling thread that is not in use yet (its bins
+/// empty).
+fn set_limits(lane: &Lane) {
+    for class in 0..CLASS_COUNT {
+        // SAFETY: the caller's lane, unused, so its bins are empty; `class < CLASS_COUNT`.
+        unsafe { lane.set_limit(class, freeing_limit(class) as i32) };
+    }
+}
 
 /// Writes a child lane's gate (see `lanes::gate`): its hooks byte, then every class's mark,
 /// closed unless the lane serves allocations without sampling (a sampling lane's owner
@@ -1042,6 +1096,10 @@ fn lane_plain(tc: &ThreadCache, lane: &Lane) -> bool {
 /// up (now, on the thread's first call of the tag) and open. `None`: the child takes its
 /// general path.
 fn lane_usable(tc: &ThreadCache, tag: Tag) -> Option<&Lane> {
+    if tc.state.get() == STATE_NEW {
+        // The thread's first call: register with this tag's lane, in one hold of the lock.
+        tc.register(tag);
+    }
     if tc.state.get() != STATE_ACTIVE {
         return None;
     }
@@ -1393,7 +1451,7 @@ pub(crate) unsafe fn scoped_allocate(
     layout: Layout,
 ) -> Option<*mut u8> {
     if tc.state.get() == STATE_NEW {
-        tc.register();
+        tc.register(0);
     }
     let tag = tc.current_tag.get();
     // SAFETY: forwarded from the caller. Scoped blocks count their requested bytes in the
@@ -1891,7 +1949,7 @@ impl ThreadCache {
     #[inline(never)]
     fn activate(&self) -> bool {
         if self.state.get() == STATE_NEW {
-            self.register();
+            self.register(0);
         }
         self.state.get() == STATE_ACTIVE
     }
