@@ -975,8 +975,18 @@ pub(crate) unsafe fn free_gated(
         let lane = (*tc).system();
         let hooks = lane.hooks.load(Relaxed);
         if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD) != 0 {
-            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD) == HOOK_GUARD {
-                // Guarded sampling alone: one range test, then the straight line.
+            // Tags first: a scoped program frees every block here, so its test comes before
+            // guarded sampling's (one branch each way).
+            if hooks & HOOK_TAGS != 0 {
+                // A guarded block's segment tag is no lane's: it misses here.
+                if free_in_current_lane(tc, ptr, class, layout.size()) {
+                    return;
+                }
+                return miss(ptr, layout.size(), layout.align(), class, tc);
+            }
+            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) == 0 {
+                // Neither records nor tags, so guarded sampling alone: one range test, then
+                // the straight line.
                 if guarded::AREA.contains(ptr.addr()) {
                     return miss(ptr, layout.size(), layout.align(), class, tc);
                 }
@@ -987,13 +997,6 @@ pub(crate) unsafe fn free_gated(
             }
             // Out of the straight line: records off and no tags is the case to keep short.
             cold_path();
-            if hooks & HOOK_TAGS != 0 {
-                // A guarded block's segment tag is no lane's: it misses here.
-                if free_in_current_lane(tc, ptr, class, layout.size()) {
-                    return;
-                }
-                return miss(ptr, layout.size(), layout.align(), class, tc);
-            }
             if hooks & HOOK_FREE != 0
                 || (hooks & HOOK_GUARD != 0 && guarded::AREA.contains(ptr.addr()))
                 || (hooks & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr))
