@@ -57,6 +57,17 @@ fn bucket(addr: usize) -> usize {
         >> (usize::BITS - INDEX.trailing_zeros())
 }
 
+/// Bits of a buffer's membership summary: a bit per hash of the addresses buffered since
+/// the last rebuild, so that a free whose record is not here (a block older than the
+/// buffer, whose record is in the table) learns it without scanning.
+const SUMMARY_BITS: usize = 1024;
+
+/// The summary bit of `addr` (other bits of the product than [`bucket`]'s).
+#[inline(always)]
+fn summary_bit(addr: usize) -> usize {
+    ((addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % SUMMARY_BITS
+}
+
 /// Allocators with per-thread totals per buffer (records of a fifth go to the table).
 const SITES: usize = 4;
 /// Where a record's site slot sits in its meta word: the top bits, so a shift alone finds
@@ -223,6 +234,9 @@ pub(crate) struct Buf {
     /// buffered there, so a free finds its record without scanning. Checked against
     /// `addrs` before use, so a stale or overwritten entry only costs the scan.
     index: [AtomicU8; INDEX],
+    /// Owner-only: the [`summary_bit`] of every record in the buffer is set (and of some
+    /// that left since the last rebuild), so a clear bit means "not here".
+    summary: [AtomicU64; SUMMARY_BITS / 64],
     /// Allocator index, the alignment's log2 in bits 32..40, the site slot from bit
     /// [`SLOT_SHIFT`] up.
     metas: [AtomicU64; CAP],
@@ -252,6 +266,7 @@ impl Buf {
             tick: AtomicU64::new(0),
             addrs: [const { AtomicUsize::new(0) }; CAP],
             index: [const { AtomicU8::new(0) }; INDEX],
+            summary: [const { AtomicU64::new(0) }; SUMMARY_BITS / 64],
             metas: [const { AtomicU64::new(0) }; CAP],
             sizes: [const { AtomicU64::new(0) }; CAP],
             requested: [const { AtomicUsize::new(0) }; CAP],
@@ -354,8 +369,28 @@ impl Buf {
     /// The slot of a record (owner only: reads its own writes).
     #[inline(always)]
     fn find(&self, addr: usize, alloc: u32) -> Option<usize> {
-        self.find_fast(addr, alloc)
-            .or_else(|| self.scan(addr, alloc, self.len.load(Relaxed)))
+        if let Some(i) = self.find_fast(addr, alloc) {
+            return Some(i);
+        }
+        if !self.maybe_here(addr) {
+            return None;
+        }
+        self.scan(addr, alloc, self.len.load(Relaxed))
+    }
+
+    /// Whether a record of `addr` may be in the buffer (`false`: certainly not).
+    #[inline(always)]
+    fn maybe_here(&self, addr: usize) -> bool {
+        let bit = summary_bit(addr);
+        self.summary[bit / 64].load(Relaxed) & 1 << (bit % 64) != 0
+    }
+
+    /// Notes `addr` in the summary.
+    #[inline(always)]
+    fn note(&self, addr: usize) {
+        let bit = summary_bit(addr);
+        let word = &self.summary[bit / 64];
+        word.store(word.load(Relaxed) | 1 << (bit % 64), Relaxed);
     }
 
     /// The slot of a record the newest slot or the index knows (calls nothing). The newest
@@ -390,9 +425,22 @@ impl Buf {
     #[cold]
     #[inline(never)]
     fn scan(&self, addr: usize, alloc: u32, len: usize) -> Option<usize> {
-        (0..len.min(CAP))
+        let found = (0..len.min(CAP))
             .rev()
-            .find(|&i| self.addrs[i].load(Relaxed) == addr && self.alloc_at(i) == alloc)
+            .find(|&i| self.addrs[i].load(Relaxed) == addr && self.alloc_at(i) == alloc);
+        if found.is_none() {
+            // The summary said "maybe" for a record that left: rebuild it from the
+            // records here, so bits of departed records stop costing scans.
+            let mut words = [0u64; SUMMARY_BITS / 64];
+            for a in &self.addrs[..len.min(CAP)] {
+                let bit = summary_bit(a.load(Relaxed));
+                words[bit / 64] |= 1 << (bit % 64);
+            }
+            for (word, w) in self.summary.iter().zip(words) {
+                word.store(w, Relaxed);
+            }
+        }
+        found
     }
 
     #[inline(always)]
@@ -562,6 +610,7 @@ impl Buf {
         let i = len % CAP;
         self.addrs[i].store(addr, Relaxed);
         self.index[bucket(addr)].store((i + 1) as u8, Relaxed);
+        self.note(addr);
         let meta = u64::from(alloc) | u64::from(align_log2) << 32 | (slot as u64) << SLOT_SHIFT;
         self.metas[i].store(meta, Relaxed);
         let packed = packed(size);
@@ -575,6 +624,11 @@ impl Buf {
     /// Takes this thread's own record of a block out of the buffer (its realloc), if it is
     /// here.
     pub(crate) fn take_own(&self, addr: usize, alloc: u32) -> Option<Entry> {
+        if !self.maybe_here(addr) {
+            // Certainly not here (the summary has every buffered record's bit), whatever a
+            // pending request would drop: the table or another buffer has it.
+            return None;
+        }
         let (s, i) = self.find_own(addr, alloc)?;
         let e = self.remove_at(i);
         self.end(s);
@@ -1029,4 +1083,55 @@ fn process_barrier() {
         unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0) };
     }
     fence(SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The owner's lookups against a shadow set: a record pushed is found until it leaves,
+    /// and an address never pushed (or gone) is not, through the index, the summary and
+    /// the scan with its rebuilds. Kept below `CAP` records, so nothing reaches the shared
+    /// table.
+    #[test]
+    fn lookups_find_exactly_the_buffered_records() {
+        let buf = Buf::new();
+        let mut live: Vec<usize> = Vec::new();
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for step in 0..20_000 {
+            let r = next();
+            // Addresses from a small range, so the same ones come back after they left.
+            let addr = 0x10_0000 + (r as usize % 512) * 16;
+            let here = live.contains(&addr);
+            if r % 3 != 0 && !here && live.len() < CAP - 1 {
+                let size = 16 + (r as usize >> 20) % 256;
+                assert!(
+                    buf.push(addr, 7, size, size, 3) || buf.push_slow(addr, 7, size, size, 3),
+                    "step {step}: push refused"
+                );
+                live.push(addr);
+            } else {
+                let taken = buf.take_own(addr, 7);
+                assert_eq!(taken.is_some(), here, "step {step}: {addr:#x}");
+                if let Some(e) = taken {
+                    assert_eq!(e.addr, addr);
+                    live.retain(|&a| a != addr);
+                }
+            }
+            assert_eq!(buf.len.load(Relaxed), live.len());
+            for &a in &live {
+                assert!(buf.maybe_here(a), "step {step}: summary lost {a:#x}");
+            }
+        }
+        // Another allocator's record of the same address is another record.
+        if let Some(&a) = live.first() {
+            assert!(buf.take_own(a, 8).is_none());
+        }
+    }
 }
