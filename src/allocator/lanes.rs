@@ -495,7 +495,16 @@ pub(crate) fn absorb(tag: Tag, lane: &Lane, threads: &ThreadList) {
     let Some(owner) = owner(tag) else {
         return;
     };
-    publish_lane(tag, lane, Registry::Locked(threads));
+    let mut bytes = 0usize;
+    for class in 0..CLASS_COUNT {
+        bytes = bytes.wrapping_add(lane.take_unpublished_exiting(class));
+    }
+    if bytes != 0 {
+        for r in chain(owner) {
+            r.counters()
+                .publish_granted(bytes, Registry::Locked(threads));
+        }
+    }
     let mut sum = ShardSum::default();
     lane.add_to(&mut sum);
     for r in chain(owner) {

@@ -255,8 +255,12 @@ impl ThreadCache {
     fn move_counts_to_orphans(&self) {
         for (_, lane) in self.used_lanes() {
             for (class, slot) in lane.slots.iter().enumerate() {
-                let allocations = slot.allocations.swap(0, Relaxed);
-                let frees = slot.frees.swap(0, Relaxed);
+                // Loads and stores, not swaps: only the owner writes these counts, and it is
+                // the one exiting (readers hold the registry lock, as the caller does).
+                let allocations = slot.allocations.load(Relaxed);
+                let frees = slot.frees.load(Relaxed);
+                slot.allocations.store(0, Relaxed);
+                slot.frees.store(0, Relaxed);
                 if allocations | frees != 0 {
                     ORPHANS.allocations[class].fetch_add(allocations, Relaxed);
                     ORPHANS.frees[class].fetch_add(frees, Relaxed);

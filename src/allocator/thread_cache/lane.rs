@@ -622,6 +622,20 @@ impl Lane {
         })
     }
 
+    /// [`take_unpublished`](Self::take_unpublished) when no other thread can publish the
+    /// lane: its owner is exiting and holds the registry lock, which every other publisher
+    /// of another thread's lane holds too. A load and a store, no compare-and-swap (an
+    /// exiting thread publishes every class of every lane it used, under the lock).
+    pub(crate) fn take_unpublished_exiting(&self, class: usize) -> usize {
+        let published = self.published[class].load(Relaxed);
+        let net = self.net_allocations(class);
+        if net == published {
+            return 0;
+        }
+        self.published[class].store(net, Relaxed);
+        Self::bytes_of(class, net.wrapping_sub(published) as i32)
+    }
+
     /// Marks the net allocations of `class` as published; returns the granted bytes that
     /// were not yet (wrapping). Any thread: `published` advances by compare-and-swap, so
     /// every block's bytes are published exactly once.
