@@ -161,7 +161,8 @@ stage_tsan() {
     case $name in fork | fork_pools | purge) continue ;; esac
     local log=$logs/tsan_$name.log started=$SECONDS
     # allocator_may_return_null: some tests ask `System` for impossible sizes on purpose.
-    LANE_TRANSITIONS_SECS=2 TSAN_OPTIONS="halt_on_error=0 allocator_may_return_null=1" \
+    # TAGALLOC_TEST_NO_FORK: tests that also fork (scoped_threads) skip their forks here.
+    TAGALLOC_TEST_NO_FORK=1 LANE_TRANSITIONS_SECS=2 TSAN_OPTIONS="halt_on_error=0 allocator_may_return_null=1" \
       timeout "$limit" "$path" >"$log" 2>&1
     local rc=$? races
     races=$(grep -c 'WARNING: ThreadSanitizer' "$log")
