@@ -592,7 +592,13 @@ impl ThreadCache {
     /// # Safety
     /// The owning thread is exiting (or gone, in a forked child); `list` is the locked
     /// registry containing this cache.
-    unsafe fn retire(&self, list: &mut ThreadList) {
+    ///
+    /// Returns the built-in lanes (a bit each) whose counts and limits the caller clears
+    /// with [`shut_built_in`](Self::shut_built_in), after releasing the lock: once the
+    /// cache left the list nothing else reaches them, so that work need not hold up the
+    /// threads waiting for the lock.
+    #[must_use]
+    unsafe fn retire(&self, list: &mut ThreadList) -> u32 {
         // Each lane's bins are parked whole for the next thread of that tag, or, with no room
         // left, given back to the heap.
         for (tag, lane) in self.used_lanes() {
@@ -609,11 +615,14 @@ impl ThreadCache {
         }
         self.move_counts_to_orphans();
         for (_, lane) in self.used_lanes() {
-            lane.reset_counts();
             lane.set_hooks(HOOKS_UNREGISTERED);
+        }
+        for lane in self.dynamic.iter() {
+            lane.reset_counts();
             // SAFETY: as above. The counts are zero now and the bins empty.
             unsafe { lane.shut() };
         }
+        let built_in = self.lanes_used.load(Relaxed);
         // Lanes made on demand go back to the pool for other threads; from now on a scoped
         // call of this thread takes its tag's general path (see `lane_for_scope`).
         self.current.set(&self.lanes[0]);
@@ -635,6 +644,24 @@ impl ThreadCache {
         }
         list.count -= 1;
         REGISTERED.store(list.count, Relaxed);
+        built_in
+    }
+
+    /// Clears the counts and closes the limits of the built-in lanes `retire` returned (a
+    /// bit each). The cache is off the registry's list, so no lock is needed.
+    ///
+    /// # Safety
+    /// After [`retire`](Self::retire) of this cache, by the thread that called it, before
+    /// anything else uses the cache (its thread is exiting or gone).
+    unsafe fn shut_built_in(&self, lanes: u32) {
+        for (index, lane) in self.lanes.iter().enumerate() {
+            if lanes & (1 << index) != 0 {
+                lane.reset_counts();
+                // SAFETY: forwarded from the caller; the lane's bins are empty (parked or
+                // flushed by `retire`) and its counts handed on.
+                unsafe { lane.shut() };
+            }
+        }
     }
 }
 
@@ -2112,7 +2139,10 @@ unsafe extern "C" fn on_thread_exit(cache: *mut libc::c_void) {
     let tc: *const ThreadCache = cache.cast();
     let mut list = THREADS.lock();
     // SAFETY: the value is this thread's own registered cache, still in TLS.
-    unsafe { (*tc).retire(&mut list) };
+    let lanes = unsafe { (*tc).retire(&mut list) };
+    drop(list);
+    // SAFETY: just retired by this thread, which is exiting.
+    unsafe { (*tc).shut_built_in(lanes) };
 }
 
 /// Whether the thread caches are in use (their locks then matter around `fork()`).
@@ -2165,7 +2195,8 @@ pub(crate) fn adopt_orphans_after_fork() {
         unsafe {
             let next = (*tc).next.load(Relaxed);
             if tc != me {
-                (*tc).retire(&mut list);
+                let lanes = (*tc).retire(&mut list);
+                (*tc).shut_built_in(lanes);
             }
             tc = next;
         }
