@@ -37,6 +37,7 @@ tagalloc::allocator!(Events: pool of SystemAllocator, "a pool used in a scope");
 tagalloc::allocator!(Other: child of SystemAllocator, "a handle used in a scope");
 tagalloc::allocator!(Late: child of SystemAllocator, "freed after the thread's cache retired");
 tagalloc::allocator!(Changing: child of SystemAllocator, "settings changed while in use");
+tagalloc::allocator!(Handed: child of SystemAllocator, "freed first by a new thread");
 
 /// Live blocks, granted and requested bytes of a snapshot.
 fn live(st: &AllocatorStats) -> (usize, usize, Option<usize>) {
@@ -195,6 +196,36 @@ fn frees_on_other_threads_inside_other_scopes_count_in_the_blocks_tag() {
     // The consumer's own vectors died with its closure's locals, inside its scope.
     assert_eq!(live(&c1), live(&c0));
     assert!(c1.allocations >= c0.allocations + 50);
+}
+
+/// A new thread whose first allocator call frees blocks of a tag (handed over by its
+/// spawner) registers with that tag's lane set up; the frees, and the thread's own scoped
+/// blocks, count exactly, also once it exited.
+#[test]
+fn a_thread_whose_first_call_frees_a_tags_block_counts_exactly() {
+    let start = Handed.stats();
+    let handed: Vec<Box<[u8]>> =
+        Handed.scope(|| (0..100).map(|i| vec![7u8; 16 + i].into()).collect());
+    let kept = std::thread::spawn(move || {
+        // The test allocated nothing on this thread yet: these frees come first (std may
+        // have allocated before the closure runs; then the frees find the cache registered).
+        let mut handed = handed;
+        while let Some(block) = handed.pop() {
+            drop(block);
+        }
+        drop(handed);
+        Handed.scope(|| (0..50).map(|i| vec![9u8; 8 + i]).collect::<Vec<_>>())
+    })
+    .join()
+    .unwrap();
+    let held = Handed.stats();
+    assert_eq!(held.live_blocks, start.live_blocks + 51);
+    let requested = held.live_requested_bytes.unwrap() - start.live_requested_bytes.unwrap();
+    let expected: usize =
+        kept.iter().map(|v| v.capacity()).sum::<usize>() + 50 * size_of::<Vec<u8>>();
+    assert_eq!(requested, expected);
+    drop(kept);
+    assert_eq!(live(&Handed.stats()), live(&start));
 }
 
 #[test]
