@@ -242,6 +242,9 @@ struct Lists {
     heads: [u32; LISTS],
     /// Per octave, bit `sl` set when list `fl * 32 + sl` is non-empty.
     sl_bitmaps: [u32; 64],
+    /// Where a list update stores the link of a neighbour that is NIL (see
+    /// [`Tlsf::link_slot`]); never read.
+    sink: u32,
 }
 
 /// A free range found for a request: its node, the node's list and the aligned offset.
@@ -326,6 +329,7 @@ impl Tlsf {
             lists: Box::new(Lists {
                 heads: [NIL; LISTS],
                 sl_bitmaps: [0; 64],
+                sink: NIL,
             }),
             summaries: FitSummaries::new(),
             #[cfg(test)]
@@ -393,6 +397,36 @@ impl Tlsf {
         self.vacant.push(i);
     }
 
+    /// The free-list link field of node `i` (`next_free` if `next`, else `prev_free`), or the
+    /// sink when `i` is NIL. List updates store a neighbour's link through it without testing
+    /// whether there is a neighbour: those tests (is the list empty, is the node its head or
+    /// tail) depend on the data and were among the most mispredicted branches of an
+    /// allocation and a free.
+    #[inline(always)]
+    fn link_slot(&mut self, i: u32, next: bool) -> &mut u32 {
+        debug_assert!(i == NIL || (i as usize) < self.nodes.len());
+        let field = if next {
+            std::mem::offset_of!(Node, next_free)
+        } else {
+            std::mem::offset_of!(Node, prev_free)
+        };
+        // Wrapping arithmetic: for i == NIL the address is out of the arena and never used.
+        let slot = self
+            .nodes
+            .as_mut_ptr()
+            .wrapping_add(i as usize)
+            .cast::<u8>()
+            .wrapping_add(field)
+            .cast::<u32>();
+        let sink: *mut u32 = &mut self.lists.sink;
+        let p = if i == NIL { sink } else { slot };
+        // SAFETY: `i` is NIL, and `p` is the sink, a field of `self.lists`; or `i` comes from
+        // a link, which the type's invariant keeps below `nodes.len()`, and `p` is the aligned
+        // u32 field `field` of node `i`. Either way it is valid, and borrowed from `self`
+        // mutably for as long as the result lives.
+        unsafe { &mut *p }
+    }
+
     /// Links free node `i`, which is or will be `[offset, offset + size)`, at the head of
     /// list `li` (its size's list).
     #[inline(always)]
@@ -407,12 +441,12 @@ impl Tlsf {
         let n = self.node_mut(i);
         n.prev_free = NIL;
         n.next_free = head;
-        if head != NIL {
-            self.node_mut(head).prev_free = i;
-        }
+        *self.link_slot(head, false) = i;
     }
 
-    /// Unlinks free node `i` from list `li` (its size's list).
+    /// Unlinks free node `i` from list `li` (its size's list). Without branches: the
+    /// neighbours' links go through [`Tlsf::link_slot`], the head and the bitmaps are
+    /// rewritten whether they change or not.
     #[inline(always)]
     fn unlink(&mut self, i: u32, li: usize) {
         let (prev, next) = {
@@ -420,22 +454,22 @@ impl Tlsf {
             debug_assert!(n.is_free() && list_index(n.size) == li);
             (n.prev_free, n.next_free)
         };
-        if prev != NIL {
-            self.node_mut(prev).next_free = next;
-        } else {
-            let li = li & (LISTS - 1);
-            self.lists.heads[li] = next;
-            if next == NIL {
-                let fl = li / SL_COUNT;
-                self.lists.sl_bitmaps[fl] &= !(1 << (li % SL_COUNT));
-                if self.lists.sl_bitmaps[fl] == 0 {
-                    self.fl_bitmap &= !(1 << fl);
-                }
-            }
-        }
-        if next != NIL {
-            self.node_mut(next).prev_free = prev;
-        }
+        let li = li & (LISTS - 1);
+        // `next` goes to the list head if `i` is the head, else to the node before.
+        let head: *mut u32 = &mut self.lists.heads[li];
+        let before: *mut u32 = self.link_slot(prev, true);
+        let to = if prev == NIL { head } else { before };
+        // SAFETY: `to` is one of the two pointers above, each made from a live `&mut u32`
+        // into `self` (the list head table or node `prev`) with nothing borrowed since.
+        unsafe { *to = next };
+        *self.link_slot(next, false) = prev;
+        // The list is empty now if `i` was its only node: both links NIL (node indices stay
+        // below 2^31, so only NIL & NIL is NIL).
+        let empty = u32::from(prev & next == NIL);
+        let fl = li / SL_COUNT;
+        let bitmap = &mut self.lists.sl_bitmaps[fl];
+        *bitmap &= !(empty << (li % SL_COUNT));
+        self.fl_bitmap &= !(u64::from(*bitmap == 0) << fl);
     }
 
     /// Unlinks free node `i` from its list.
