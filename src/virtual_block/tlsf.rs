@@ -405,19 +405,7 @@ impl Tlsf {
     #[inline(always)]
     fn link_slot(&mut self, i: u32, next: bool) -> &mut u32 {
         debug_assert!(i == NIL || (i as usize) < self.nodes.len());
-        let field = if next {
-            std::mem::offset_of!(Node, next_free)
-        } else {
-            std::mem::offset_of!(Node, prev_free)
-        };
-        // Wrapping arithmetic: for i == NIL the address is out of the arena and never used.
-        let slot = self
-            .nodes
-            .as_mut_ptr()
-            .wrapping_add(i as usize)
-            .cast::<u8>()
-            .wrapping_add(field)
-            .cast::<u32>();
+        let slot = self.link_field(i, next);
         let sink: *mut u32 = &mut self.lists.sink;
         let p = if i == NIL { sink } else { slot };
         // SAFETY: `i` is NIL, and `p` is the sink, a field of `self.lists`; or `i` comes from
@@ -425,6 +413,23 @@ impl Tlsf {
         // u32 field `field` of node `i`. Either way it is valid, and borrowed from `self`
         // mutably for as long as the result lives.
         unsafe { &mut *p }
+    }
+
+    /// The address of node `i`'s `next_free` (if `next`) or `prev_free`, computed with
+    /// wrapping arithmetic: for `i == NIL` it lies outside the arena and must not be used.
+    #[inline(always)]
+    fn link_field(&mut self, i: u32, next: bool) -> *mut u32 {
+        let field = if next {
+            std::mem::offset_of!(Node, next_free)
+        } else {
+            std::mem::offset_of!(Node, prev_free)
+        };
+        self.nodes
+            .as_mut_ptr()
+            .wrapping_add(i as usize)
+            .cast::<u8>()
+            .wrapping_add(field)
+            .cast::<u32>()
     }
 
     /// Links free node `i`, which is or will be `[offset, offset + size)`, at the head of
@@ -457,10 +462,11 @@ impl Tlsf {
         let li = li & (LISTS - 1);
         // `next` goes to the list head if `i` is the head, else to the node before.
         let head: *mut u32 = &mut self.lists.heads[li];
-        let before: *mut u32 = self.link_slot(prev, true);
+        let before = self.link_field(prev, true);
         let to = if prev == NIL { head } else { before };
-        // SAFETY: `to` is one of the two pointers above, each made from a live `&mut u32`
-        // into `self` (the list head table or node `prev`) with nothing borrowed since.
+        // SAFETY: `to` is the list head, made from a live `&mut u32` into `self.lists`, or,
+        // when `prev` is not NIL, the `next_free` field of node `prev`, a link the type's
+        // invariant keeps below `nodes.len()`; nothing else is borrowed meanwhile.
         unsafe { *to = next };
         *self.link_slot(next, false) = prev;
         // The list is empty now if `i` was its only node: both links NIL (node indices stay
