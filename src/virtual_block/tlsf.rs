@@ -1000,7 +1000,14 @@ impl Tlsf {
         let (offset, mut size, prev, next, own_pad, prev_free) = {
             let n = self.node(i);
             let prev_free = n.prev_is_free();
-            (n.offset, n.size, n.prev_phys, n.next_phys, n.padding(), prev_free)
+            (
+                n.offset,
+                n.size,
+                n.prev_phys,
+                n.next_phys,
+                n.padding(),
+                prev_free,
+            )
         };
         debug_assert_eq!(prev_free, prev != NIL && self.node(prev).is_free());
         if own_pad > 0 {
