@@ -1010,9 +1010,9 @@ impl Tlsf {
             )
         };
         debug_assert_eq!(prev_free, prev != NIL && self.node(prev).is_free());
-        if own_pad > 0 {
-            self.padded_count -= 1;
-        }
+        // Without a branch: whether an allocation holds padding is a coin toss at most
+        // alignments.
+        self.padded_count -= u32::from(own_pad > 0);
         let mut next_free = false;
         if next != NIL {
             let n = self.node_mut(next);
@@ -1021,14 +1021,12 @@ impl Tlsf {
             } else {
                 // A free range ends before it now, i or the one i merges into.
                 n.set_prev_is_free(true);
+                // Take over the next allocation's padding, if any (without a branch).
                 let pad = n.padding();
-                if pad > 0 {
-                    // Take over the next allocation's padding.
-                    n.offset += pad;
-                    n.size -= pad;
-                    size += pad;
-                    self.padded_count -= 1;
-                }
+                n.offset += pad;
+                n.size -= pad;
+                size += pad;
+                self.padded_count -= u32::from(pad > 0);
             }
         }
         match (prev_free, next_free) {
