@@ -409,9 +409,9 @@ impl Tlsf {
         let sink: *mut u32 = &mut self.lists.sink;
         let p = if i == NIL { sink } else { slot };
         // SAFETY: `i` is NIL, and `p` is the sink, a field of `self.lists`; or `i` comes from
-        // a link, which the type's invariant keeps below `nodes.len()`, and `p` is the aligned
-        // u32 field `field` of node `i`. Either way it is valid, and borrowed from `self`
-        // mutably for as long as the result lives.
+        // a link, which the type's invariant keeps below `nodes.len()`, and `p` is that node's
+        // (aligned, u32) link field, from `link_field`. Either way it is valid, and borrowed
+        // from `self` mutably for as long as the result lives.
         unsafe { &mut *p }
     }
 
