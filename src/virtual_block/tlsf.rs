@@ -64,8 +64,9 @@ pub(crate) enum NodeKind {
 
 /// `prev_free` of a node that is not free holds a word with this bit set (node indices stay
 /// below it, and NIL, the free "no previous node", is the only larger value with all bits
-/// set). Bits 29 and 30 give the kind; the 29 bits below carry an allocation's meta. The
-/// node's `next_free` then holds the generation or the move index.
+/// set). Bits 29 and 30 give the kind; bit 28 of a taken node says whether the node before it
+/// is free ([`PREV_FREE`]); the 28 bits below carry an allocation's meta. The node's
+/// `next_free` then holds the generation or the move index.
 /// This keeps a node at 32 bytes, two per cache line, with everything `free` needs to check
 /// a handle and release its range on one line.
 const TAKEN: u32 = 1 << 31;
@@ -73,8 +74,13 @@ const VACANT: u32 = TAKEN;
 const RESERVED: u32 = TAKEN | 1 << 29;
 const USED: u32 = TAKEN | 2 << 29;
 const KIND_MASK: u32 = TAKEN | 3 << 29;
+/// In a taken node's word: the node before it (`prev_phys`) is a free node. A free node never
+/// has a free neighbour, so only taken nodes need the bit; with it `release` loads the node
+/// before only when it must merge with it (about half the time in the VMA replica), instead
+/// of loading it to find out.
+const PREV_FREE: u32 = 1 << 28;
 /// The bits of a used node's word that hold its meta.
-pub(crate) const META_MASK: u32 = (1 << 29) - 1;
+pub(crate) const META_MASK: u32 = PREV_FREE - 1;
 /// The low bits of a used node's meta: log2 of the allocation's alignment. (The block's
 /// `Meta` puts it there; a reserved node has 0 there, alignment 1, and never padding.)
 pub(crate) const ALIGN_BITS: u32 = 63;
@@ -144,7 +150,21 @@ impl Node {
         }
     }
 
-    /// Marks a node taken by `kind` (`Used` or `Reserved`).
+    /// Whether the node before this taken node is free ([`PREV_FREE`]).
+    #[inline(always)]
+    fn prev_is_free(&self) -> bool {
+        debug_assert!(!self.is_free());
+        self.prev_free & PREV_FREE != 0
+    }
+
+    /// Sets [`PREV_FREE`] of a taken node.
+    #[inline(always)]
+    fn set_prev_is_free(&mut self, on: bool) {
+        debug_assert!(!self.is_free());
+        self.prev_free = self.prev_free & !PREV_FREE | if on { PREV_FREE } else { 0 };
+    }
+
+    /// Marks a node taken by `kind` (`Used` or `Reserved`), with [`PREV_FREE`] clear.
     #[inline(always)]
     fn set_taken(&mut self, kind: NodeKind) {
         (self.prev_free, self.next_free) = match kind {
@@ -222,6 +242,9 @@ struct Lists {
     heads: [u32; LISTS],
     /// Per octave, bit `sl` set when list `fl * 32 + sl` is non-empty.
     sl_bitmaps: [u32; 64],
+    /// Where a list update stores the link of a neighbour that is NIL (see
+    /// [`Tlsf::link_slot`]); never read.
+    sink: u32,
 }
 
 /// A free range found for a request: its node, the node's list and the aligned offset.
@@ -306,6 +329,7 @@ impl Tlsf {
             lists: Box::new(Lists {
                 heads: [NIL; LISTS],
                 sl_bitmaps: [0; 64],
+                sink: NIL,
             }),
             summaries: FitSummaries::new(),
             #[cfg(test)]
@@ -373,6 +397,41 @@ impl Tlsf {
         self.vacant.push(i);
     }
 
+    /// The free-list link field of node `i` (`next_free` if `next`, else `prev_free`), or the
+    /// sink when `i` is NIL. List updates store a neighbour's link through it without testing
+    /// whether there is a neighbour: those tests (is the list empty, is the node its head or
+    /// tail) depend on the data and were among the most mispredicted branches of an
+    /// allocation and a free.
+    #[inline(always)]
+    fn link_slot(&mut self, i: u32, next: bool) -> &mut u32 {
+        debug_assert!(i == NIL || (i as usize) < self.nodes.len());
+        let slot = self.link_field(i, next);
+        let sink: *mut u32 = &mut self.lists.sink;
+        let p = if i == NIL { sink } else { slot };
+        // SAFETY: `i` is NIL, and `p` is the sink, a field of `self.lists`; or `i` comes from
+        // a link, which the type's invariant keeps below `nodes.len()`, and `p` is that node's
+        // (aligned, u32) link field, from `link_field`. Either way it is valid, and borrowed
+        // from `self` mutably for as long as the result lives.
+        unsafe { &mut *p }
+    }
+
+    /// The address of node `i`'s `next_free` (if `next`) or `prev_free`, computed with
+    /// wrapping arithmetic: for `i == NIL` it lies outside the arena and must not be used.
+    #[inline(always)]
+    fn link_field(&mut self, i: u32, next: bool) -> *mut u32 {
+        let field = if next {
+            std::mem::offset_of!(Node, next_free)
+        } else {
+            std::mem::offset_of!(Node, prev_free)
+        };
+        self.nodes
+            .as_mut_ptr()
+            .wrapping_add(i as usize)
+            .cast::<u8>()
+            .wrapping_add(field)
+            .cast::<u32>()
+    }
+
     /// Links free node `i`, which is or will be `[offset, offset + size)`, at the head of
     /// list `li` (its size's list).
     #[inline(always)]
@@ -387,12 +446,12 @@ impl Tlsf {
         let n = self.node_mut(i);
         n.prev_free = NIL;
         n.next_free = head;
-        if head != NIL {
-            self.node_mut(head).prev_free = i;
-        }
+        *self.link_slot(head, false) = i;
     }
 
-    /// Unlinks free node `i` from list `li` (its size's list).
+    /// Unlinks free node `i` from list `li` (its size's list). Without branches: the
+    /// neighbours' links go through [`Tlsf::link_slot`], the head and the bitmaps are
+    /// rewritten whether they change or not.
     #[inline(always)]
     fn unlink(&mut self, i: u32, li: usize) {
         let (prev, next) = {
@@ -400,22 +459,23 @@ impl Tlsf {
             debug_assert!(n.is_free() && list_index(n.size) == li);
             (n.prev_free, n.next_free)
         };
-        if prev != NIL {
-            self.node_mut(prev).next_free = next;
-        } else {
-            let li = li & (LISTS - 1);
-            self.lists.heads[li] = next;
-            if next == NIL {
-                let fl = li / SL_COUNT;
-                self.lists.sl_bitmaps[fl] &= !(1 << (li % SL_COUNT));
-                if self.lists.sl_bitmaps[fl] == 0 {
-                    self.fl_bitmap &= !(1 << fl);
-                }
-            }
-        }
-        if next != NIL {
-            self.node_mut(next).prev_free = prev;
-        }
+        let li = li & (LISTS - 1);
+        // `next` goes to the list head if `i` is the head, else to the node before.
+        let head: *mut u32 = &mut self.lists.heads[li];
+        let before = self.link_field(prev, true);
+        let to = if prev == NIL { head } else { before };
+        // SAFETY: `to` is the list head, made from a live `&mut u32` into `self.lists`, or,
+        // when `prev` is not NIL, the `next_free` field of node `prev`, a link the type's
+        // invariant keeps below `nodes.len()`; nothing else is borrowed meanwhile.
+        unsafe { *to = next };
+        *self.link_slot(next, false) = prev;
+        // The list is empty now if `i` was its only node: both links NIL (node indices stay
+        // below 2^31, so only NIL & NIL is NIL).
+        let empty = u32::from(prev & next == NIL);
+        let fl = li / SL_COUNT;
+        let bitmap = &mut self.lists.sl_bitmaps[fl];
+        *bitmap &= !(empty << (li % SL_COUNT));
+        self.fl_bitmap &= !(u64::from(*bitmap == 0) << fl);
     }
 
     /// Unlinks free node `i` from its list.
@@ -509,6 +569,7 @@ impl Tlsf {
                 n.offset += pad;
                 n.size -= pad;
                 n.prev_phys = p;
+                n.set_prev_is_free(true);
             }
             if prev != NIL {
                 self.node_mut(prev).next_phys = p;
@@ -866,8 +927,11 @@ impl Tlsf {
             n.size = rest;
             n.prev_phys = p;
         }
-        // No padding left: an ordinary take. (Two free nodes side by side for a moment.)
-        self.take(i, to, at, size, kind)
+        // No padding left: an ordinary take. (Two free nodes side by side for a moment.) The
+        // taken node comes after p, which is free.
+        let u = self.take(i, to, at, size, kind);
+        self.node_mut(u).set_prev_is_free(true);
+        u
     }
 
     /// [`Tlsf::take`] when nothing of free node `i` is left after the range: node `i` becomes
@@ -883,7 +947,12 @@ impl Tlsf {
         let pad = at - offset;
         if pad == 0 {
             self.unlink(i, li);
+            // Node i's neighbours are taken (free nodes never touch): i's word gets PREV_FREE
+            // clear, and the next node's bit clears now that i is taken.
             self.node_mut(i).set_taken(kind);
+            if next != NIL {
+                self.node_mut(next).set_prev_is_free(false);
+            }
             return i;
         }
         // Layout: [i = padding][taken u].
@@ -902,6 +971,7 @@ impl Tlsf {
             next_free: NIL,
         };
         taken.set_taken(kind);
+        taken.set_prev_is_free(true);
         *self.node_mut(u) = taken;
         {
             let n = self.node_mut(i);
@@ -909,7 +979,9 @@ impl Tlsf {
             n.next_phys = u;
         }
         if next != NIL {
-            self.node_mut(next).prev_phys = u;
+            let n = self.node_mut(next);
+            n.prev_phys = u;
+            n.set_prev_is_free(false);
         } else {
             self.last = u;
         }
@@ -925,28 +997,36 @@ impl Tlsf {
             self.node(i).kind(),
             NodeKind::Used { .. } | NodeKind::Reserved(_)
         ));
-        let (offset, mut size, prev, next, own_pad) = {
+        let (offset, mut size, prev, next, own_pad, prev_free) = {
             let n = self.node(i);
-            (n.offset, n.size, n.prev_phys, n.next_phys, n.padding())
+            let prev_free = n.prev_is_free();
+            (
+                n.offset,
+                n.size,
+                n.prev_phys,
+                n.next_phys,
+                n.padding(),
+                prev_free,
+            )
         };
-        if own_pad > 0 {
-            self.padded_count -= 1;
-        }
-        let prev_free = prev != NIL && self.node(prev).is_free();
+        debug_assert_eq!(prev_free, prev != NIL && self.node(prev).is_free());
+        // Without a branch: whether an allocation holds padding is a coin toss at most
+        // alignments.
+        self.padded_count -= u32::from(own_pad > 0);
         let mut next_free = false;
         if next != NIL {
             let n = self.node_mut(next);
             if n.is_free() {
                 next_free = true;
             } else {
+                // A free range ends before it now, i or the one i merges into.
+                n.set_prev_is_free(true);
+                // Take over the next allocation's padding, if any (without a branch).
                 let pad = n.padding();
-                if pad > 0 {
-                    // Take over the next allocation's padding.
-                    n.offset += pad;
-                    n.size -= pad;
-                    size += pad;
-                    self.padded_count -= 1;
-                }
+                n.offset += pad;
+                n.size -= pad;
+                size += pad;
+                self.padded_count -= u32::from(pad > 0);
             }
         }
         match (prev_free, next_free) {
@@ -1033,7 +1113,10 @@ impl Tlsf {
             self.nodes[i as usize].kind(),
             NodeKind::Free | NodeKind::Vacant
         ));
-        self.nodes[i as usize].set_taken(kind);
+        let n = &mut self.nodes[i as usize];
+        let prev_free = n.prev_is_free();
+        n.set_taken(kind);
+        n.set_prev_is_free(prev_free);
     }
 
     /// The live allocation whose identity is node `i`, if there is one.
@@ -1056,7 +1139,7 @@ impl Tlsf {
     pub(crate) fn set_meta(&mut self, i: u32, meta: u32) {
         let n = &mut self.nodes[i as usize];
         debug_assert_eq!(n.prev_free & KIND_MASK, USED);
-        n.prev_free = USED | (meta & META_MASK);
+        n.prev_free = USED | (meta & META_MASK) | (n.prev_free & PREV_FREE);
     }
 
     pub(crate) fn kind(&self, i: u32) -> NodeKind {
@@ -1266,6 +1349,9 @@ impl Tlsf {
             };
             if free && prev_free {
                 return Err(format!("node {cur}: two free neighbours not merged"));
+            }
+            if !free && n.prev_is_free() != prev_free {
+                return Err(format!("node {cur}: PREV_FREE bit is not {prev_free}"));
             }
             if !free {
                 // Padding: less than the alignment, noted, and not next to a free range
