@@ -109,7 +109,7 @@ stage_valgrind() {
     [ -n "$name" ] || continue
     local log=$logs/valgrind_$name.log started=$SECONDS
     if LANE_TRANSITIONS_SECS=2 FORK_POOLS_ROUNDS=30 timeout "$limit" \
-      valgrind -q --error-exitcode=9 "$path" >"$log" 2>&1; then
+      valgrind -q --error-exitcode=9 --suppressions=stress/valgrind.supp "$path" >"$log" 2>&1; then
       echo "ok   $name ($((SECONDS - started)) s)"
     else
       fail "valgrind $name" "$log"
