@@ -26,6 +26,7 @@ tagalloc::allocator!(Inner: child of Counted, "A grandchild");
 tagalloc::allocator!(Moved: child of SystemAllocator, "Guarded reallocations");
 tagalloc::allocator!(Sparse: child of SystemAllocator, "Guarded at one in ten");
 tagalloc::allocator!(Parts: pool of SystemAllocator, "A pool cannot guard");
+tagalloc::allocator!(Zeroed: child of SystemAllocator, "Guarded zeroed blocks");
 
 const CASE_VAR: &str = "TAGALLOC_GUARDED_CASE";
 
@@ -290,6 +291,37 @@ fn counts_stay_exact_with_every_block_guarded() {
     assert_eq!(i.live_blocks, before_i.live_blocks);
     assert_eq!(i.live_granted_bytes, before_i.live_granted_bytes);
     assert_eq!(i.live_requested_bytes, before_i.live_requested_bytes);
+}
+
+/// A zeroed guarded block whose size is not a multiple of its alignment: the caller is told
+/// it holds the size it asked for (not the padded one), the padding keeps its fill, and the
+/// free finds nothing written past the end. (Found by fuzzing: the block was reported and
+/// zeroed at its padded size, so its free reported a write into the padding.)
+#[test]
+fn zeroed_blocks_with_padding_are_freed_cleanly() {
+    assert!(Zeroed.set_guarded(one()));
+    let before = Zeroed.stats();
+    for (size, align) in [(453usize, 4usize), (21, 4), (1, 8), (100, 16), (4000, 64)] {
+        let layout = Layout::from_size_align(size, align).unwrap();
+        let block = tagalloc::handle::allocate_zeroed(Zeroed, layout).unwrap();
+        assert!(tagalloc::guarded::is_guarded(block.cast::<u8>().as_ptr()));
+        assert_eq!(block.len(), size, "{size}/{align}");
+        // SAFETY: the block is live and `block.len()` bytes long.
+        let bytes =
+            unsafe { core::slice::from_raw_parts(block.cast::<u8>().as_ptr(), block.len()) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        // SAFETY: a live block of Zeroed with this layout.
+        unsafe { tagalloc::handle::deallocate(Zeroed, block.cast(), layout) };
+        // The same through std's zeroed path inside the tag's scope.
+        let v: Vec<u32> = Zeroed.scope(|| vec![0u32; size.div_ceil(4) + 1]);
+        assert!(tagalloc::guarded::is_guarded(v.as_ptr().cast()));
+        assert!(v.iter().all(|&x| x == 0));
+        drop(v);
+    }
+    assert!(Zeroed.set_guarded(None));
+    let after = Zeroed.stats();
+    assert_eq!(after.live_blocks, before.live_blocks);
+    assert_eq!(after.live_granted_bytes, before.live_granted_bytes);
 }
 
 /// Reallocations of guarded blocks keep their contents and their allocator, both ways

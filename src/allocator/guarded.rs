@@ -200,10 +200,13 @@ pub(crate) fn not_live(ptr: *mut u8, layout: Layout) -> ! {
     )
 }
 
-/// The usable size of the live guarded block at `ptr`, if `ptr` is one.
+/// The usable size of the live guarded block at `ptr`, if `ptr` is one: the size it was
+/// requested with. The alignment padding after it is checked at free, so a caller told it
+/// could use the padding (and zeroing it for `alloc_zeroed`) would be reported as a write
+/// past the end.
 #[inline]
 pub(crate) fn usable(ptr: *const u8) -> Option<usize> {
-    AREA.block(ptr).map(|b| b.usable)
+    AREA.block(ptr).map(|b| b.size)
 }
 
 /// The tag of the live guarded block at `ptr`; `None` when `ptr` is not one.
