@@ -450,7 +450,8 @@ impl<S: PageSource> HphaSchema<S> {
             frees: small.frees + large.frees,
             held_bytes: small.segments * SEGMENT_SIZE
                 + large.chunk_bytes
-                + large.direct_mapped_bytes,
+                + large.direct_mapped_bytes
+                + large.direct_cached_bytes,
             small_granted_bytes: small.granted_bytes,
             large_granted_bytes: large.granted_bytes,
             small_pages: small.class_pages,

@@ -211,6 +211,8 @@ fn large_requests_and_huge_alignment_get_their_own_mapping() {
         h.deallocate(grown.ptr, layout(200_000, 1 << 20));
     }
     assert_eq!(h.stats().direct_blocks, 0);
+    // The freed mapping is kept for reuse until the purge delay passes or a collection.
+    h.garbage_collect();
     assert_eq!(h.source().mapped_bytes(), 0);
 }
 
@@ -366,5 +368,52 @@ fn miri_tagged_blocks_keep_their_tag_through_reallocation_and_free_into_their_he
     assert!(
         h.allocate_tagged(layout(9000, 8), MAX_TAGS as Tag)
             .is_none()
+    );
+}
+
+/// A freed block with its own mapping keeps the mapping (counted as held) for the next
+/// block of about its size, which gets it back with its pages; a reallocation growing a
+/// direct block takes a kept mapping of the new size with its contents copied; and
+/// `garbage_collect` lets every kept mapping go.
+#[test]
+fn freed_direct_mappings_are_kept_reused_and_collected() {
+    let h = heap();
+    let big = layout(large::DIRECT_THRESHOLD + 4096, 16);
+    let held_before = h.stats().held_bytes;
+    let a = h.allocate(big).unwrap();
+    fill(a, 4096, 1);
+    let held_live = h.stats().held_bytes;
+    assert!(held_live >= held_before + big.size());
+    // SAFETY: live with layout `big`.
+    unsafe { h.deallocate(a.ptr, big) };
+    let st = h.stats();
+    assert_eq!((st.live_blocks, st.direct_blocks), (0, 0));
+    assert_eq!(st.held_bytes, held_live, "the mapping is kept");
+    let b = h.allocate(big).unwrap();
+    assert_eq!(b.ptr, a.ptr, "the kept mapping comes back");
+    assert_eq!(h.stats().held_bytes, held_live);
+    // A block twice the size does not fit the kept one; when freed, it is kept too.
+    let twice = layout(2 * big.size(), 16);
+    let c = h.allocate(twice).unwrap();
+    // SAFETY: live with layout `twice`.
+    unsafe { h.deallocate(c.ptr, twice) };
+    // Growing `b` to that size takes the kept mapping, contents and all.
+    fill(b, big.size(), 7);
+    // SAFETY: `b` is live with layout `big`.
+    let grown = unsafe { h.reallocate(b.ptr, big, twice.size()) }.unwrap();
+    assert_eq!(grown.ptr, c.ptr, "the kept mapping of the new size");
+    check(grown, big.size(), 7);
+    let st = h.stats();
+    assert_eq!((st.live_blocks, st.direct_blocks), (1, 1));
+    assert_eq!(st.allocations, st.frees + 1);
+    h.validate().unwrap();
+    // SAFETY: live with the grown size.
+    unsafe { h.deallocate(grown.ptr, twice) };
+    h.garbage_collect();
+    let st = h.stats();
+    assert_eq!((st.live_blocks, st.granted_bytes), (0, 0));
+    assert_eq!(
+        st.held_bytes, held_before,
+        "garbage_collect unmaps the kept mappings"
     );
 }
