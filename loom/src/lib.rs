@@ -12,7 +12,7 @@
 //! cargo test -p tagalloc-loom --release
 //! ```
 //!
-//! `LOOM_MAX_PREEMPTIONS` bounds the search (3 unless set; `stress/run.sh loom` runs more).
+//! `LOOM_MAX_PREEMPTIONS` bounds the search (5 unless set; `stress/run.sh loom` runs 10).
 #![cfg(test)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -47,11 +47,11 @@ mod exit_handoff;
 mod locks;
 mod remote_free;
 
-/// Runs `f` under loom with a preemption bound of 3 unless `LOOM_MAX_PREEMPTIONS` sets one.
+/// Runs `f` under loom with a preemption bound of 5 unless `LOOM_MAX_PREEMPTIONS` sets one.
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
+        builder.preemption_bound = Some(5);
     }
     builder.check(f);
 }
