@@ -11,21 +11,16 @@ use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
-/// Spins this many times before yielding the CPU to other threads.
-const SPINS_BEFORE_YIELD: u32 = 64;
+mod raw;
+pub(crate) use raw::{TestAndSet, Tickets};
 
-/// Waits until `done` says so: spins with a CPU hint, then (once `spins`, kept by the
-/// caller across waits, reaches [`SPINS_BEFORE_YIELD`]) yields the time slice.
-#[inline]
-fn wait_until(spins: &mut u32, mut done: impl FnMut() -> bool) {
-    while !done() {
-        if *spins < SPINS_BEFORE_YIELD {
-            *spins += 1;
-            core::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
+/// The atomics and waits of the code that `tests/loom.rs` also compiles with loom's (which
+/// provides a module of the same name): `raw` here, the thread pool's remote stack and the
+/// thread caches' counts.
+pub(crate) mod atomic {
+    pub(crate) use core::hint::spin_loop;
+    pub(crate) use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+    pub(crate) use std::thread::yield_now;
 }
 
 /// How a [`Lock`] is taken and released, apart from the value it guards.
@@ -43,65 +38,25 @@ pub unsafe trait RawLock {
     fn unlock(&self);
 }
 
-/// A test-and-set flag: cheapest when free, but not fair (see [`Tickets`]).
-pub struct TestAndSet(AtomicBool);
-
 // SAFETY: `lock` returns only after its compare-and-swap turned the flag from false to true
-// (Acquire), and only `unlock` (Release) turns it back.
+// (Acquire), and only `unlock` (Release) turns it back (see `raw.rs`, and its loom model).
 unsafe impl RawLock for TestAndSet {
     const UNLOCKED: Self = Self(AtomicBool::new(false));
 
     #[inline]
     fn lock(&self) {
-        if !self.try_take() {
-            self.lock_contended();
-        }
+        TestAndSet::lock(self);
     }
 
     #[inline]
     fn unlock(&self) {
-        self.0.store(false, Ordering::Release);
+        TestAndSet::unlock(self);
     }
-}
-
-impl TestAndSet {
-    #[inline]
-    fn try_take(&self) -> bool {
-        self.0
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    #[cold]
-    fn lock_contended(&self) {
-        let mut spins = 0;
-        loop {
-            wait_until(&mut spins, || !self.0.load(Ordering::Relaxed));
-            if self.try_take() {
-                return;
-            }
-        }
-    }
-}
-
-/// Tickets: first come, first served.
-///
-/// With a [`TestAndSet`] flag, a thread that releases and takes the lock again in a loop can
-/// keep it from waiters that only get the CPU now and then (more threads than cores, or
-/// valgrind, which runs one thread at a time): they mostly find it held and yield again. A
-/// stress run under valgrind stalled for over 20 minutes that way on the thread registry,
-/// with one thread setting budgets in a loop. Here each caller takes a ticket and the lock
-/// goes to the tickets in order, so a thread that wants it again queues behind the waiters.
-pub struct Tickets {
-    /// The next ticket to hand out.
-    next: AtomicU32,
-    /// The ticket whose holder may enter; only the holder advances it.
-    serving: AtomicU32,
 }
 
 // SAFETY: each ticket is handed out once (`fetch_add`), `lock` returns only once `serving`
 // (Acquire) equals the caller's ticket, and only the holder's `unlock` (Release) moves
-// `serving` on, by one.
+// `serving` on, by one (see `raw.rs`, and its loom model).
 unsafe impl RawLock for Tickets {
     const UNLOCKED: Self = Self {
         next: AtomicU32::new(0),
@@ -110,23 +65,12 @@ unsafe impl RawLock for Tickets {
 
     #[inline]
     fn lock(&self) {
-        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
-        if self.serving.load(Ordering::Acquire) != ticket {
-            self.wait_for(ticket);
-        }
+        Tickets::lock(self);
     }
 
     #[inline]
     fn unlock(&self) {
-        let now = self.serving.load(Ordering::Relaxed);
-        self.serving.store(now.wrapping_add(1), Ordering::Release);
-    }
-}
-
-impl Tickets {
-    #[cold]
-    fn wait_for(&self, ticket: u32) {
-        wait_until(&mut 0, || self.serving.load(Ordering::Acquire) == ticket);
+        Tickets::unlock(self);
     }
 }
 
@@ -191,12 +135,7 @@ impl<T> SpinLock<T> {
     /// Takes the lock if it is free.
     #[cfg(test)]
     pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
-        // A strong compare-and-swap: a weak one may fail while the lock is free.
-        self.raw
-            .0
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| Guard { lock: self })
+        self.raw.try_lock().then_some(Guard { lock: self })
     }
 }
 
@@ -210,10 +149,7 @@ impl<T> TicketLock<T> {
     /// Only in a forked child (one thread), with the lock held through `lock_raw` and no
     /// guard of it.
     pub(crate) unsafe fn reset_in_child(&self) {
-        let tickets = &self.raw;
-        tickets
-            .serving
-            .store(tickets.next.load(Ordering::Relaxed), Ordering::Release);
+        self.raw.serve_all();
     }
 }
 

@@ -13,6 +13,9 @@
 #   tsan      every test binary and the examples built with ThreadSanitizer (nightly with
 #             rust-src); skips fork, fork_pools (TSan cannot fork a threaded process) and
 #             purge (its RSS checks count TSan's shadow memory)
+#   miri      Miri on every pure-algorithm module, the HPHA heap's tests included
+#   loom      the loom models (loom/) with up to STRESS_LOOM_PREEMPTIONS preemptions
+#             (default 10; CI runs 5)
 #
 # A binary still running after STRESS_TIMEOUT seconds (default 900) under valgrind or TSan
 # counts as failed (exit 124): a stall is a finding too (one was, see the README).
@@ -21,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(models threads fork valgrind tsan miri)
+[ ${#stages[@]} -eq 0 ] && stages=(models threads fork valgrind tsan miri loom)
 logs=target/stress
 limit=${STRESS_TIMEOUT:-900}
 mkdir -p "$logs"
@@ -132,6 +135,17 @@ stage_miri() {
   fi
 }
 
+stage_loom() {
+  local bound=${STRESS_LOOM_PREEMPTIONS:-10}
+  note "loom: the concurrency models with up to $bound preemptions"
+  local log=$logs/loom.log
+  if LOOM_MAX_PREEMPTIONS=$bound cargo test -p tagalloc-loom --release >"$log" 2>&1; then
+    echo "ok   loom"
+  else
+    fail "loom" "$log"
+  fi
+}
+
 stage_tsan() {
   local target
   target=$(rustc +nightly -vV 2>/dev/null | sed -n 's/^host: //p')
@@ -176,7 +190,7 @@ stage_tsan() {
 
 for stage in "${stages[@]}"; do
   case $stage in
-  models | threads | fork | valgrind | tsan)
+  models | threads | fork | valgrind | tsan | miri | loom)
     started=$SECONDS
     "stage_$stage"
     note "$stage: $((SECONDS - started)) s"

@@ -26,6 +26,7 @@
 //! walk the same registry, and retiring a cache moves its shards' counts into the shared
 //! counters.
 
+mod counts;
 mod dynamic;
 mod lane;
 mod parked;
@@ -255,16 +256,13 @@ impl ThreadCache {
     fn move_counts_to_orphans(&self) {
         for (_, lane) in self.used_lanes() {
             for (class, slot) in lane.slots.iter().enumerate() {
-                // Loads and stores, not swaps: only the owner writes these counts, and it is
-                // the one exiting (readers hold the registry lock, as the caller does).
-                let allocations = slot.allocations.load(Relaxed);
-                let frees = slot.frees.load(Relaxed);
-                slot.allocations.store(0, Relaxed);
-                slot.frees.store(0, Relaxed);
-                if allocations | frees != 0 {
-                    ORPHANS.allocations[class].fetch_add(allocations, Relaxed);
-                    ORPHANS.frees[class].fetch_add(frees, Relaxed);
-                }
+                // The caller holds the registry lock, as readers of both counts do.
+                counts::move_counts(
+                    &slot.allocations,
+                    &slot.frees,
+                    &ORPHANS.allocations[class],
+                    &ORPHANS.frees[class],
+                );
             }
         }
     }

@@ -24,6 +24,7 @@
 
 mod heap;
 mod registry;
+mod remote;
 
 use super::pool::page::{EmptyList, PageHeader, check_owner, marker, owner_of, page_of};
 use super::pool::{PoolConfig, PoolStats, class_for_free, next_uid, report_refused};

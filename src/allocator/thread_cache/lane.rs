@@ -7,6 +7,7 @@
 //! of counters on every call. Every lane draws from and returns to the same heap: a bin
 //! holds free blocks of its class, whatever lane they were last allocated from.
 
+use super::counts;
 use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_GUARD, cold_path};
 use crate::allocator::guarded;
 use crate::records;
@@ -341,8 +342,7 @@ impl Lane {
     #[inline(always)]
     pub(super) unsafe fn owner_alloc(&self, class: usize) {
         // SAFETY: forwarded from the caller.
-        let n = unsafe { &self.slots.get_unchecked(class).allocations };
-        n.store(n.load(Relaxed) + 1, Relaxed);
+        counts::owner_add(unsafe { &self.slots.get_unchecked(class).allocations });
     }
 
     /// Counts a free, as [`owner_alloc`](Self::owner_alloc).
@@ -352,8 +352,7 @@ impl Lane {
     #[inline(always)]
     pub(super) unsafe fn owner_free(&self, class: usize) {
         // SAFETY: forwarded from the caller.
-        let n = unsafe { &self.slots.get_unchecked(class).frees };
-        n.store(n.load(Relaxed) + 1, Relaxed);
+        counts::owner_add(unsafe { &self.slots.get_unchecked(class).frees });
     }
 
     /// Takes back one allocation and one free of `class` (a block a budget's checkpoint
@@ -375,9 +374,7 @@ impl Lane {
     pub(super) fn net_frees(&self, class: usize) -> i64 {
         // SAFETY: callers pass `class < CLASS_COUNT`.
         let slot = unsafe { self.slots.get_unchecked(class) };
-        slot.frees
-            .load(Relaxed)
-            .wrapping_sub(slot.allocations.load(Relaxed)) as i64
+        counts::net_frees(&slot.allocations, &slot.frees)
     }
 
     /// Whether the bin of `class` holds its limit (see [`Bin::full_at`]).
@@ -595,18 +592,11 @@ impl Lane {
         }
     }
 
-    /// The class's net allocations on this thread (allocations minus frees, low 32 bits):
-    /// what [`published`](Self::published) marks.
-    fn net_allocations(&self, class: usize) -> u32 {
-        self.net_frees(class).wrapping_neg() as u32
-    }
-
     /// The class's blocks allocated on this thread and not yet published (negative when
-    /// more were freed). `published` is read first (Acquire): the counts read after it are
-    /// at least as new as the ones it was set from, so the difference never runs backwards.
+    /// more were freed; see `counts::unpublished`).
     fn unpublished_blocks(&self, class: usize) -> i32 {
-        let published = self.published[class].load(Acquire);
-        self.net_allocations(class).wrapping_sub(published) as i32
+        let slot = &self.slots[class];
+        counts::unpublished(&self.published[class], &slot.allocations, &slot.frees)
     }
 
     /// The granted bytes of `blocks` blocks of `class` (wrapping: negative stays negative).
@@ -624,33 +614,25 @@ impl Lane {
 
     /// [`take_unpublished`](Self::take_unpublished) when no other thread can publish the
     /// lane: its owner is exiting and holds the registry lock, which every other publisher
-    /// of another thread's lane holds too. A load and a store, no compare-and-swap (an
-    /// exiting thread publishes every class of every lane it used, under the lock).
+    /// of another thread's lane holds too (see `counts::take_unpublished_exiting`).
     pub(crate) fn take_unpublished_exiting(&self, class: usize) -> usize {
-        let published = self.published[class].load(Relaxed);
-        let net = self.net_allocations(class);
-        if net == published {
-            return 0;
-        }
-        self.published[class].store(net, Relaxed);
-        Self::bytes_of(class, net.wrapping_sub(published) as i32)
+        let slot = &self.slots[class];
+        let blocks = counts::take_unpublished_exiting(
+            &self.published[class],
+            &slot.allocations,
+            &slot.frees,
+        );
+        Self::bytes_of(class, blocks)
     }
 
     /// Marks the net allocations of `class` as published; returns the granted bytes that
     /// were not yet (wrapping). Any thread: `published` advances by compare-and-swap, so
-    /// every block's bytes are published exactly once.
+    /// every block's bytes are published exactly once (see `counts::take_unpublished`).
     pub(crate) fn take_unpublished(&self, class: usize) -> usize {
-        let mut published = self.published[class].load(Acquire);
-        loop {
-            let net = self.net_allocations(class);
-            if net == published {
-                return 0;
-            }
-            match self.published[class].compare_exchange_weak(published, net, AcqRel, Acquire) {
-                Ok(_) => return Self::bytes_of(class, net.wrapping_sub(published) as i32),
-                Err(now) => published = now,
-            }
-        }
+        let slot = &self.slots[class];
+        let blocks =
+            counts::take_unpublished(&self.published[class], &slot.allocations, &slot.frees);
+        Self::bytes_of(class, blocks)
     }
 
     /// On a slow path of the owner's: updates the lane's pending total with what `class`

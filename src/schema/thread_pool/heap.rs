@@ -21,6 +21,7 @@
 //!
 //! Nothing here calls the parent allocator; the generic schema does, outside any lock.
 
+use super::remote::{Link, RemoteStack};
 use crate::schema::pool::PoolConfig;
 use crate::schema::pool::bins::Bins;
 use crate::schema::pool::page::{EmptyList, FreeSlot, Pages, marker_key};
@@ -99,7 +100,7 @@ pub(crate) struct ThreadHeap {
     /// Next heap in the core's abandoned list (core lock).
     abandoned_next: UnsafeCell<*mut ThreadHeap>,
     /// Blocks of this heap's pages freed by other threads (a lock-free stack).
-    remote: Padded<AtomicPtr<FreeSlot>>,
+    remote: Padded<RemoteStack<FreeSlot>>,
 }
 
 /// The state all heaps of one schema share, on memory from the parent so that the schema
@@ -249,6 +250,20 @@ impl Core {
     }
 }
 
+impl Link for FreeSlot {
+    #[inline(always)]
+    unsafe fn set_next(node: *mut Self, next: *mut Self) {
+        // SAFETY: forwarded from the caller: the block is the caller's.
+        unsafe { (*node).next = next };
+    }
+
+    #[inline(always)]
+    unsafe fn next(node: *mut Self) -> *mut Self {
+        // SAFETY: forwarded from the caller.
+        unsafe { (*node).next }
+    }
+}
+
 /// Walks the list of all heaps.
 pub(crate) struct HeapIter {
     next: *mut ThreadHeap,
@@ -285,7 +300,9 @@ impl ThreadHeap {
             core,
             next: null_mut(),
             abandoned_next: UnsafeCell::new(null_mut()),
-            remote: Padded(AtomicPtr::new(null_mut())),
+            remote: Padded(RemoteStack {
+                head: AtomicPtr::new(null_mut()),
+            }),
         }
     }
 
@@ -302,25 +319,16 @@ impl ThreadHeap {
         unsafe { &mut *self.local.get() }
     }
 
-    /// Pushes a block freed by another thread onto this heap's remote stack. Lock-free:
-    /// many threads push, only the heap's user takes (the whole stack at once), so there is
-    /// no ABA problem.
+    /// Pushes a block freed by another thread onto this heap's remote stack (see
+    /// `remote.rs`).
     ///
     /// # Safety
     /// `slot` must be a live block of one of this heap's pages, given up by the caller.
     #[inline]
     pub(crate) unsafe fn push_remote(&self, slot: *mut u8) {
-        let s: *mut FreeSlot = slot.cast();
-        let head = &self.remote.0;
-        let mut cur = head.load(Relaxed);
-        loop {
-            // SAFETY: the block is ours to write until it is published by the CAS.
-            unsafe { (*s).next = cur };
-            match head.compare_exchange_weak(cur, s, Release, Relaxed) {
-                Ok(_) => return,
-                Err(now) => cur = now,
-            }
-        }
+        // SAFETY: forwarded from the caller: the block is valid, ours, and stays valid (its
+        // page belongs to this heap, which lives as long as the core).
+        unsafe { self.remote.0.push(slot.cast()) }
     }
 
     /// Takes every remotely freed block back into the heap's pages. Pages that become empty
@@ -329,7 +337,7 @@ impl ThreadHeap {
     /// # Safety
     /// The caller must be the heap's user, with no borrow of its local state live.
     pub(crate) unsafe fn drain_remote(&self, core: &Core) {
-        let s = self.remote.0.swap(null_mut(), Acquire);
+        let s = self.remote.0.take_all();
         if s.is_null() {
             return;
         }
@@ -401,13 +409,6 @@ impl ThreadHeap {
     /// Counts the blocks waiting on the remote stack (for validation; the heap must be
     /// quiescent).
     pub(crate) fn remote_len(&self) -> usize {
-        let mut n = 0;
-        let mut s = self.remote.0.load(Acquire);
-        while !s.is_null() {
-            n += 1;
-            // SAFETY: quiescent: the stack's blocks are valid and not being pushed.
-            s = unsafe { (*s).next };
-        }
-        n
+        self.remote.0.len_quiescent()
     }
 }
