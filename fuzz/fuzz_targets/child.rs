@@ -127,6 +127,29 @@ impl Budgets {
         self.refusing[0].is_some() || (grand && self.refusing[1].is_some())
     }
 
+    /// After a refused call through `grand` (or `Kid`): checks it was allowed, and returns
+    /// the blocks `Kid` handed out and took back on the way. A child refuses after its
+    /// parent has granted the block (its budget is on granted bytes) and gives it back
+    /// (`Child::account`), so a refusal by Grand's own budget is one allocation and one
+    /// free in Kid; a refusal by Kid's budget is counted nowhere.
+    fn refused(&self, grand: bool, before: &[AllocatorStats; 2], what: &str, step: usize) -> u64 {
+        assert!(
+            self.may_refuse(grand),
+            "step {step}: {what} refused without a refusing budget"
+        );
+        let kid = Kid.stats();
+        let (a, f) = (
+            kid.allocations - before[0].allocations,
+            kid.frees - before[0].frees,
+        );
+        assert_eq!(a, f, "step {step}: {what} refused, yet Kid kept a block");
+        assert!(
+            a <= u64::from(grand),
+            "step {step}: {what} refused after {a} allocations in Kid"
+        );
+        a
+    }
+
     /// After a successful call that made an allocator's live granted bytes grow: no
     /// refusing budget on the request's way up is exceeded (a budget set below what is
     /// already live refuses growth; it cannot take back what is there).
@@ -195,6 +218,8 @@ fuzz_target!(|ops: Vec<Op>| {
     // Grandchild resizes its parent made as moves (its refusing budget), counted in the
     // parent as an allocation and a free instead of a reallocation.
     let mut kid_moves = 0u64;
+    // Grandchild requests Kid granted and took back when Grand's budget refused them.
+    let mut kid_passes = 0u64;
     for (step, op) in ops.into_iter().take(MAX_OPS).enumerate() {
         let id = step as u64 + 1;
         // Both allocators' figures before the step, for the budget check.
@@ -209,10 +234,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 let layout =
                     Layout::from_size_align(size.get(usize::MAX), align.get(1 << 20)).unwrap();
                 let Some(block) = allocate(grand, layout, zeroed) else {
-                    assert!(
-                        budgets.may_refuse(grand),
-                        "step {step}: {layout:?} refused without a refusing budget"
-                    );
+                    kid_passes += budgets.refused(grand, &before, &format!("{layout:?}"), step);
                     continue;
                 };
                 let p = block.cast::<u8>().as_ptr();
@@ -283,10 +305,8 @@ fuzz_target!(|ops: Vec<Op>| {
                     }
                 };
                 let Some(block) = grown else {
-                    assert!(
-                        budgets.may_refuse(b.grand),
-                        "step {step}: grow to {new:?} refused without a refusing budget"
-                    );
+                    kid_passes +=
+                        budgets.refused(b.grand, &before, &format!("grow to {new:?}"), step);
                     live.insert(addr, b.len, b, "refused grow");
                     continue;
                 };
@@ -358,10 +378,8 @@ fuzz_target!(|ops: Vec<Op>| {
                 };
                 let Some(block) = shrunk else {
                     // Only a move (new alignment) allocates.
-                    assert!(
-                        budgets.may_refuse(b.grand),
-                        "step {step}: shrink to {new:?} refused without a refusing budget"
-                    );
+                    kid_passes +=
+                        budgets.refused(b.grand, &before, &format!("shrink to {new:?}"), step);
                     live.insert(addr, b.len, b, "refused shrink");
                     continue;
                 };
@@ -467,10 +485,8 @@ fuzz_target!(|ops: Vec<Op>| {
                     }
                 };
                 let Some(boxed) = made else {
-                    assert!(
-                        budgets.may_refuse(grand),
-                        "step {step}: scoped {n} bytes refused without a refusing budget"
-                    );
+                    kid_passes +=
+                        budgets.refused(grand, &before, &format!("scoped {n} bytes"), step);
                     continue;
                 };
                 if n == 0 {
@@ -531,7 +547,15 @@ fuzz_target!(|ops: Vec<Op>| {
                 calls[0].reallocations += d.reallocations;
             }
         }
-        check(&live, &calls, kid_moves, &kid_start, &grand_start, step);
+        check(
+            &live,
+            &calls,
+            kid_moves,
+            kid_passes,
+            &kid_start,
+            &grand_start,
+            step,
+        );
     }
     for (addr, b) in live.drain() {
         // SAFETY: as for `Free`.
@@ -575,6 +599,7 @@ fn check(
     live: &Shadow<Live>,
     calls: &[Expect; 2],
     kid_moves: u64,
+    kid_passes: u64,
     kid_start: &AllocatorStats,
     grand_start: &AllocatorStats,
     step: usize,
@@ -593,8 +618,8 @@ fn check(
     let kid = Expect {
         blocks: own[0].blocks + own[1].blocks,
         requested: own[0].requested + own[1].requested,
-        allocations: calls[0].allocations + calls[1].allocations + kid_moves,
-        frees: calls[0].frees + calls[1].frees + kid_moves,
+        allocations: calls[0].allocations + calls[1].allocations + kid_moves + kid_passes,
+        frees: calls[0].frees + calls[1].frees + kid_moves + kid_passes,
         reallocations: calls[0].reallocations + calls[1].reallocations - kid_moves,
     };
     let (k, g) = (Kid.stats(), Grand.stats());
