@@ -2,7 +2,8 @@
 # Stress runs: what CI's single pass of the tests cannot show. Each stage found real bugs
 # that single runs had passed by luck (see the README's "Stress and sanitizers" section).
 #
-#   bash stress/run.sh                 # every stage (11 minutes on 2 cores, measured)
+#   bash stress/run.sh                 # every stage (11 minutes on 2 cores, measured, plus
+#                                      # 10 minutes of fuzzing when cargo-fuzz is installed)
 #   bash stress/run.sh models threads  # some stages
 #
 # Stages:
@@ -16,6 +17,8 @@
 #   miri      Miri on every pure-algorithm module, the HPHA heap's tests included
 #   loom      the loom models (loom/) with up to STRESS_LOOM_PREEMPTIONS preemptions
 #             (default 10; CI runs 5)
+#   fuzz      each cargo-fuzz target in fuzz/ for STRESS_FUZZ_SECS seconds (default 120) on
+#             its committed corpus, if `cargo fuzz` is installed (see docs/testing.md)
 #
 # A binary still running after STRESS_TIMEOUT seconds (default 900) under valgrind or TSan
 # counts as failed (exit 124): a stall is a finding too (one was, see the README).
@@ -24,7 +27,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(models threads fork valgrind tsan miri loom)
+[ ${#stages[@]} -eq 0 ] && stages=(models threads fork valgrind tsan miri loom fuzz)
 logs=target/stress
 limit=${STRESS_TIMEOUT:-900}
 mkdir -p "$logs"
@@ -188,9 +191,36 @@ stage_tsan() {
   done <<<"$list"
 }
 
+stage_fuzz() {
+  if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    note "fuzz: cargo-fuzz not installed (cargo install cargo-fuzz), skipped"
+    return
+  fi
+  local secs=${STRESS_FUZZ_SECS:-120}
+  local targets=(hpha pools child virtual_block global_threads)
+  note "fuzz: ${#targets[@]} targets, $secs s each"
+  # Debug assertions on (-a): tagalloc's own checks (double frees, headers) run too.
+  if ! (cd fuzz && cargo +nightly fuzz build -O -a) >"$logs/fuzz_build.log" 2>&1; then
+    fail "fuzz build" "$logs/fuzz_build.log"
+    return
+  fi
+  for t in "${targets[@]}"; do
+    local log=$logs/fuzz_$t.log started=$SECONDS
+    # New inputs go to a scratch directory, so the committed corpus only changes on purpose.
+    local scratch=target/stress/fuzz_corpus_$t
+    mkdir -p "$scratch"
+    if (cd fuzz && cargo +nightly fuzz run -O -a "$t" "../$scratch" "corpus/$t" -- \
+      -max_total_time="$secs" -rss_limit_mb=4096) >"$log" 2>&1; then
+      echo "ok   $t ($((SECONDS - started)) s, $(grep -o 'Done [0-9]* runs' "$log" | tail -1))"
+    else
+      fail "fuzz $t (artifacts in fuzz/artifacts/$t)" "$log"
+    fi
+  done
+}
+
 for stage in "${stages[@]}"; do
   case $stage in
-  models | threads | fork | valgrind | tsan | miri | loom)
+  models | threads | fork | valgrind | tsan | miri | loom | fuzz)
     started=$SECONDS
     "stage_$stage"
     note "$stage: $((SECONDS - started)) s"

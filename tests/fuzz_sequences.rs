@@ -5,8 +5,9 @@
 //! requested bytes, verified before it is freed or resized, so an overlap or a lost byte
 //! fails at once; every pointer is checked for its alignment.
 //!
-//! cargo-fuzz (and its libFuzzer) is not installed on this project's machine and cannot be
-//! fetched offline, so these are plain tests. The seed corpus is [`SEEDS`]; a longer run
+//! These are the deterministic, stable-toolchain counterpart of the cargo-fuzz targets in
+//! `fuzz/` (nightly, libFuzzer; see docs/testing.md, "Fuzzing"): plain tests that run with
+//! `cargo test`, where a seed replays a sequence exactly. The seed corpus is [`SEEDS`]; a longer run
 //! sets `TAGALLOC_FUZZ_SEEDS` (how many seeds past the corpus) and `TAGALLOC_FUZZ_STEPS`
 //! (operations per seed), e.g.
 //! `TAGALLOC_FUZZ_SEEDS=2000 TAGALLOC_FUZZ_STEPS=20000 cargo test --release --test fuzz_sequences`.

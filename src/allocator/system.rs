@@ -1036,8 +1036,10 @@ unsafe fn deallocate_for_tag_unrecorded(ptr: NonNull<u8>, layout: Layout, tag: T
     // SAFETY: forwarded from the caller: a live block of `tag`, whose heap exists.
     unsafe {
         match class_for(layout.size(), layout.align()) {
+            // The size it was counted at when allocated (`guarded::usable`: the requested
+            // size, not the one padded to the alignment), so the child's figures balance.
             Some(_) if guarded::AREA.contains(ptr.as_ptr().addr()) => {
-                guarded::free(ptr.as_ptr(), layout).usable
+                guarded::free(ptr.as_ptr(), layout).size
             }
             Some(class) => {
                 if !thread_cache::free_uncounted(tag, ptr.as_ptr(), class) {

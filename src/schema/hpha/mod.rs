@@ -68,9 +68,11 @@ pub struct HphaStats {
     pub granted_bytes: usize,
     /// Live blocks.
     pub live_blocks: usize,
-    /// Blocks handed out since the heap was created (a moving realloc counts one).
+    /// Blocks handed out since the heap was created (a realloc that moves the block to a
+    /// new one counts one; a block with a mapping of its own that `mremap` moves counts
+    /// none, being the same block at a new address).
     pub allocations: u64,
-    /// Blocks freed since the heap was created (a moving realloc counts one).
+    /// Blocks freed since the heap was created (counted as `allocations` is for reallocs).
     pub frees: u64,
     /// Bytes held from the page source: segments, chunks and dedicated mappings.
     pub held_bytes: usize,
