@@ -1041,7 +1041,7 @@ impl LargeHeap {
         // SAFETY: `ptr` is live, so its header is valid; the lock guards tree blocks.
         unsafe {
             if direct {
-                return self.resize_direct(b, new_payload, align, source, stamp);
+                return self.resize_direct(b, new_payload, align, source);
             }
             let mut st = self.state.lock();
             let old = size(b);
@@ -1072,13 +1072,24 @@ impl LargeHeap {
         }
     }
 
+    /// Forgets the direct block at `ptr` (`capacity` bytes in a mapping of `map_len`) that
+    /// a resize moved to a new mapping: the old address is gone from the registry (a free of
+    /// it now is a double free), and the move counts as neither a free nor, once the new
+    /// mapping is formatted, one more allocation.
+    fn forget_moved(&self, ptr: *mut u8, capacity: usize, map_len: usize) {
+        DIRECT_BLOCKS.take(ptr);
+        self.direct_blocks.fetch_sub(1, Relaxed);
+        self.direct_granted.fetch_sub(capacity, Relaxed);
+        self.direct_mapped.fetch_sub(map_len, Relaxed);
+        self.direct_allocations.fetch_sub(1, Relaxed);
+    }
+
     unsafe fn resize_direct(
         &self,
         b: *mut Block,
         new_payload: usize,
         align: usize,
         source: &impl PageSource,
-        stamp: u64,
     ) -> Option<(*mut u8, usize)> {
         // SAFETY: `b` is a live direct block; its headers describe its mapping.
         unsafe {
@@ -1116,12 +1127,8 @@ impl LargeHeap {
                         return None;
                     };
                     core::ptr::copy_nonoverlapping(payload(b), grant.ptr, capacity);
-                    // The old block is gone (a free of it now is a double free); this was a
-                    // move, not one more allocation.
-                    DIRECT_BLOCKS.take(payload(b));
-                    self.direct_allocations.fetch_sub(1, Relaxed);
-                    self.free_direct(b, start, old_len, source, stamp, false);
-                    self.direct_frees.fetch_sub(1, Relaxed);
+                    self.forget_moved(payload(b), capacity, old_len);
+                    source.unmap(start, old_len);
                     return Some((grant.ptr, grant.size));
                 }
             }
@@ -1129,12 +1136,7 @@ impl LargeHeap {
             if base.is_null() {
                 return None;
             }
-            // The old address is gone (a free of it now is a double free).
-            DIRECT_BLOCKS.take(payload(b));
-            self.direct_blocks.fetch_sub(1, Relaxed);
-            self.direct_granted.fetch_sub(capacity, Relaxed);
-            self.direct_mapped.fetch_sub(old_len, Relaxed);
-            self.direct_allocations.fetch_sub(1, Relaxed);
+            self.forget_moved(payload(b), capacity, old_len);
             match self.format_direct(base, new_len, header_space, tag) {
                 Some(grant) => Some((grant.ptr, grant.size)),
                 None => fatal!(
