@@ -218,7 +218,14 @@ mod chosen {
             let _ = AllocationRegistry::set_global_tracker(LiveBytes);
             AllocationRegistry::enable_tracking();
         });
-        let mut token = AllocationGroupToken::register().expect("a group");
+        // `register` can return `None` when two threads register at once (tracking-allocator
+        // 0.4 compares its new id with the highest one handed out, which the other thread may
+        // just have raised); the id space never runs out on 64 bits, so ask again.
+        let mut token = loop {
+            if let Some(token) = AllocationGroupToken::register() {
+                break token;
+            }
+        };
         let _guard = token.enter();
         f()
     }
