@@ -12,7 +12,8 @@
 //!   block for its tag);
 //! - `scoped`: the pairs run inside a tag with a lane built into the thread caches;
 //! - `scoped-far`: inside a tag past those, whose lane is made on demand;
-//! - `enter`: entering and leaving a scope, per pair of calls.
+//! - `enter`: entering and leaving a scope whose lane the thread has set up (the scope
+//!   allocated before), per pair of calls.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -96,6 +97,12 @@ fn main() {
         }
         "enter" => {
             claim_all();
+            // As in a program whose scopes allocate: the thread's lane of the tag is set up
+            // by its first allocation inside the scope, before the timed loop.
+            {
+                let _tag = Near.enter();
+                pairs(1);
+            }
             timed(n, || {
                 for _ in 0..n {
                     drop(black_box(Near.enter()));

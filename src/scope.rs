@@ -112,11 +112,8 @@ pub fn enter<B: BlockAllocator>() -> TagGuard {
 /// Enters `tag` (0: none) on the calling thread.
 #[inline]
 fn enter_tag(tag: Tag) -> TagGuard {
-    if tag != 0 && !thread_cache::tags_in_use() {
-        thread_cache::enable_tags();
-    }
     TagGuard {
-        previous: thread_cache::enter(tag),
+        previous: thread_cache::enter_scope(tag),
         _not_send: PhantomData,
     }
 }

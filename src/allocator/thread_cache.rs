@@ -736,7 +736,24 @@ impl ThreadCache {
     /// else the tag's lane if it is set up on a live cache, else a lane that serves nothing
     /// (the fast path then misses, and the miss path sets the lane up or takes the tag's
     /// general path).
+    ///
+    /// Inline for lane 0 and a built-in lane that is set up: its bit in `lanes_used` says
+    /// both (bit 0 is always set; the others are set only on an active cache, in
+    /// `set_up_lane_locked`, and all cleared when it retires), so entering and leaving a
+    /// scope call nothing.
+    #[inline(always)]
     fn lane_for_scope(&self, tag: Tag) -> *const Lane {
+        let index = usize::from(tag);
+        if index < LANES && self.lanes_used.load(Relaxed) & (1 << index) != 0 {
+            debug_assert!(index == 0 || self.state.get() == STATE_ACTIVE);
+            return &self.lanes[index];
+        }
+        self.lane_for_scope_slowly(tag)
+    }
+
+    /// [`lane_for_scope`](Self::lane_for_scope) for a lane made on demand, or one not set up.
+    #[inline(never)]
+    fn lane_for_scope_slowly(&self, tag: Tag) -> *const Lane {
         if tag == 0 {
             return &self.lanes[0];
         }
@@ -747,7 +764,7 @@ impl ThreadCache {
     }
 
     /// Enters `tag` on this thread (0: none); returns the tag it replaces.
-    #[inline]
+    #[inline(always)]
     fn enter(&self, tag: Tag) -> Tag {
         let previous = self.current_tag.replace(tag);
         self.current.set(self.lane_for_scope(tag));
@@ -1453,6 +1470,29 @@ pub(crate) fn take_guard_request(tag: Tag) -> bool {
 #[inline(always)]
 pub(crate) fn enter(tag: Tag) -> Tag {
     with_cache(|tc| tc.enter(tag))
+}
+
+/// [`enter`] for a scope being opened: first marks tags as in use if `tag` is a child's and
+/// they are not yet. The cache's own lane 0 says so in one test (its hooks hold
+/// [`HOOK_TAGS`] once tags are in use and the cache is registered); anything else asks the
+/// global flag out of line.
+#[inline(always)]
+pub(crate) fn enter_scope(tag: Tag) -> Tag {
+    with_cache(|tc| {
+        if tc.system().hooks.load(Relaxed) & HOOK_TAGS == 0 {
+            enable_tags_for(tag);
+        }
+        tc.enter(tag)
+    })
+}
+
+/// [`enter_scope`]'s check when the cache's hooks do not show tags in use.
+#[cold]
+#[inline(never)]
+fn enable_tags_for(tag: Tag) {
+    if tag != 0 && !tags_in_use() {
+        enable_tags();
+    }
 }
 
 /// The tag entered on the calling thread (0: none).
