@@ -17,7 +17,7 @@
 //! off 222.6 ms, sample 233.3 ms (+4.8%), basic 419.6 ms (1.89×); full 5.0–5.6 s. With sampling
 //! on, the `SystemAllocator`'s fast paths stay: an allocation leaves only when its class's
 //! count reaches the next sampled block, a free only when the sample filter may hold it. In
-//! basic mode every call leaves the fast path for its miss function, where the record buffer
+//! basic mode every call leaves the fast path for its miss function, where the record table
 //! is reached. Stacks are walked by the platform unwinder until a call site has been seen
 //! twice, then replayed (`unwind.rs`).)
 //!
