@@ -1,5 +1,5 @@
 //! Per-thread state of the recorder: the re-entrancy guard, the thread id, the sampler and
-//! the thread's record buffer.
+//! the thread's record table (`buffer.rs`).
 //!
 //! One `const`-initialised `thread_local!` with no destructor, so reaching it is a plain TLS
 //! access that never allocates and never fails, even while the thread's other TLS
@@ -18,7 +18,7 @@ use core::cell::{Cell, UnsafeCell};
 struct ThreadState {
     busy: Cell<bool>,
     tid: Cell<u32>,
-    /// The thread's record buffer: null before its first buffered record, [`GONE`] once
+    /// The thread's record table: null before its first basic record, [`GONE`] once
     /// the thread's exit hook retired it (or none could be had).
     buf: Cell<*const Buf>,
     /// `buf` while it is a claimed buffer and the thread is not busy, else null: the one

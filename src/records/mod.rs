@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | [`Off`](RecordMode::Off) | nothing (the default) | one relaxed load and a branch (the `SystemAllocator`: a compare of a per-class mark on allocation, a test of a byte in the thread's own cache on free) | 2.2 ns / 7.0–7.2 ns |
 //! | [`Sample`](RecordMode::Sample) | one block per N requested bytes on average (default 512 KiB), weighted; with stacks | the `SystemAllocator`: a per-class countdown in its fast path's own compare, a filter load per free; a child: a thread-local countdown; a replayed stack walk per sample | 2.6–2.7 ns / 8.3–8.6 ns |
-//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a few plain stores into the thread's own record buffer (no call, no atomic read-modify-write); a lock and a table insert or remove only for records that outlive the buffer or are freed by another thread | 8.1–8.3 ns / 27.3–27.9 ns |
+//! | [`Basic`](RecordMode::Basic) | every block: address, granted and requested size, alignment, thread, time | a probe and a few plain stores in the thread's own record table (no call, no lock, no atomic read-modify-write); a lock only for a block freed by another thread or whose thread has exited | 8.1–8.3 ns / 27.3–27.9 ns |
 //! | [`Full`](RecordMode::Full) | as `Basic`, plus the call stack (default 8 frames), unresolved | plus a stack walk (~16 frames, replayed from learnt frame sizes once a call site is known) per allocation, a lock and a table insert or remove, a clock read | 189–200 ns / 198–207 ns |
 //!
 //! (2-core machine, 16- and 256-byte blocks. On the `compare` harness's `small` workload,
@@ -17,16 +17,19 @@
 //! off 222.6 ms, sample 233.3 ms (+4.8%), basic 419.6 ms (1.89×); full 5.0–5.6 s. With sampling
 //! on, the `SystemAllocator`'s fast paths stay: an allocation leaves only when its class's
 //! count reaches the next sampled block, a free only when the sample filter may hold it. In
-//! basic mode every call leaves the fast path for its miss function, where the record buffer
+//! basic mode every call leaves the fast path for its miss function, where the record table
 //! is reached. Stacks are walked by the platform unwinder until a call site has been seen
 //! twice, then replayed (`unwind.rs`).)
 //!
-//! Basic records first go to a per-thread buffer of 64 records (see `buffer.rs`), written
-//! by its thread alone with plain stores: a block freed on the thread that allocated it
-//! while its record is still buffered never touches a lock, an atomic read-modify-write or
-//! the shared table. Their times are coarse: a thread reads the clock about once per 32
-//! frees of buffered records and whenever its buffer overflows, and a basic record's time
-//! is the last read, which after an idle spell may be well before the allocation.
+//! Basic records go to a per-thread record table (see `buffer.rs`: open addressing, grown
+//! from the records' heap), written by its thread alone with plain stores: a block freed on
+//! the thread that allocated it never touches a lock, an atomic read-modify-write or the
+//! shared table, however many blocks are live. The shared table gets a thread's records
+//! when the thread exits (and a `fork()` child gets those of the threads it lost); a free
+//! on another thread marks the record dead in its owner's table. Basic record times are
+//! coarse: a thread reads the clock about once per 32 frees of its records and whenever
+//! its table grows, and a basic record's time is the last read, which after an idle spell
+//! may be well before the allocation.
 //!
 //! Records follow the hierarchy as the statistics do: a block of a child is also a block of
 //! every allocator above it, so each of them that records has a record of it (a parent's
@@ -81,16 +84,16 @@
 //! - **No deadlock.** The table's locks are allocation-free spin locks that are never held
 //!   across a call that could allocate through the global allocator; reports copy a
 //!   snapshot under the locks (into the records' heap) and resolve and format after
-//!   releasing them. A thread never waits for anything while it writes its record buffer,
+//!   releasing them. A thread never waits for anything while it writes its record table,
 //!   so readers waiting for a consistent copy always get one. `fork()` handlers take and
-//!   release every records lock and hold every buffer's thread outside its writes.
+//!   release every records lock and hold every record table's thread outside its writes.
 //! - **No unwinding.** Nothing on the recording path panics; when the records' heap runs
 //!   out of memory a record is dropped and counted ([`RecordsSnapshot::dropped`]).
 //! - **Exact.** A block's record is added after the block is allocated and removed before
 //!   it is freed, so under any interleaving of threads the live records are exactly the
-//!   live recorded blocks. A record waiting in its thread's buffer is found by a free on
-//!   any thread (under the record's shard lock, which a record needs to move to the table),
-//!   and reports copy the buffers with every shard lock held. Blocks allocated before
+//!   live recorded blocks. A record in its thread's table is found by a free on any thread
+//!   (under the record's shard lock, which a record needs to move to the shared table), and
+//!   reports copy the threads' tables with every shard lock held. Blocks allocated before
 //!   recording was turned on have no record; their frees simply miss the table. A realloc moves and resizes the record
 //!   (keeping its stack, thread and time); it never starts one.
 //! - **Turning records off** stops new records at once; frees keep looking their blocks up
@@ -289,9 +292,9 @@ pub(crate) fn before_free(reg: &'static Registration, ptr: NonNull<u8>) {
     forget(reg, word, addr);
 }
 
-/// Drops the record of a block this thread allocated and still has in its buffer (calls
-/// nothing); `false` when it is not found there this way (look in the buffer again, then
-/// in the table and the other buffers).
+/// Drops the record of a block this thread allocated and has in its record table (calls
+/// nothing); `false` when it is not found there this way (look in the table again after
+/// serving requests, then in the shared table and the other threads' tables).
 #[inline(always)]
 pub(crate) fn forget_own(reg: &'static Registration, addr: usize) -> bool {
     let Some(index) = reg.index() else {

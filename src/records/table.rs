@@ -1,5 +1,7 @@
-//! The record table: every live record that is not waiting in a thread's buffer (see
-//! [`buffer`]), keyed by (address, allocator), in 64 shards.
+//! The shared record table: every live record that is not in a thread's own record table
+//! (see [`buffer`]: records of threads that exited, sampled and full records, records of a
+//! fifth allocator on one thread or made when the records' heap was short), keyed by
+//! (address, allocator), in 64 shards.
 //!
 //! Each shard is a `hashbrown` map behind an allocation-free [`SpinLock`], on a cache line
 //! of its own; the shard is chosen by a hash of the address, so threads recording unrelated
@@ -524,36 +526,81 @@ pub(crate) fn copy() -> Copy {
                 out.sites.entry(*k).or_default().merge(s);
             }
         }
-        let incomplete = core::cell::Cell::new(out.incomplete);
-        let Copy { records, sites, .. } = &mut out;
-        buffer::copy_all(
-            |key, rec| {
-                if records.try_reserve(1).is_ok() {
-                    records.push((key, rec));
-                } else {
-                    incomplete.set(true);
-                }
-            },
-            |t, bytes, blocks| {
-                if sites.try_reserve(1).is_ok() {
-                    let s = buffer_site(t, bytes, blocks);
-                    sites.entry(site_key(t.alloc, 0)).or_default().merge(&s);
-                } else {
-                    incomplete.set(true);
-                }
-            },
-        );
-        out.incomplete = incomplete.get();
+        let mut v = CopyVisit {
+            out: &mut out,
+            mark: 0,
+        };
+        buffer::copy_all(&mut v);
     });
     out
+}
+
+/// [`copy`] of the threads' tables.
+struct CopyVisit<'a> {
+    out: &'a mut Copy,
+    /// The records' length when the current thread's table was started.
+    mark: usize,
+}
+
+impl buffer::Visit for CopyVisit<'_> {
+    fn mark(&mut self) {
+        self.mark = self.out.records.len();
+    }
+    fn rewind(&mut self) {
+        self.out.records.truncate(self.mark);
+    }
+    fn record(&mut self, key: Key, rec: Rec) {
+        if self.out.records.try_reserve(1).is_ok() {
+            self.out.records.push((key, rec));
+        } else {
+            self.out.incomplete = true;
+        }
+    }
+    fn site(&mut self, t: SiteTotals, live_bytes: u64, live_blocks: u64) {
+        if self.out.sites.try_reserve(1).is_ok() {
+            let s = buffer_site(t, live_bytes, live_blocks);
+            self.out
+                .sites
+                .entry(site_key(t.alloc, 0))
+                .or_default()
+                .merge(&s);
+        } else {
+            self.out.incomplete = true;
+        }
+    }
+}
+
+/// Counts and sums the threads' records of one allocator (all with `alloc: None`).
+#[derive(Default)]
+struct Count {
+    alloc: Option<u32>,
+    totals: (usize, usize, usize),
+    mark: (usize, usize, usize),
+}
+
+impl buffer::Visit for Count {
+    fn mark(&mut self) {
+        self.mark = self.totals;
+    }
+    fn rewind(&mut self) {
+        self.totals = self.mark;
+    }
+    fn record(&mut self, key: Key, rec: Rec) {
+        if self.alloc.is_none_or(|a| a == key.alloc) {
+            self.totals.0 += 1;
+            self.totals.1 += rec.size;
+            self.totals.2 += rec.requested;
+        }
+    }
 }
 
 /// Counts the live records (for tests and summaries).
 pub(crate) fn live_records() -> usize {
     with_all_locked(|shards| {
-        let mut n: usize = shards.iter().flatten().map(|s| s.records.len()).sum();
-        buffer::copy_all(|_, _| n += 1, |_, _, _| {});
-        n
+        let n: usize = shards.iter().flatten().map(|s| s.records.len()).sum();
+        let mut count = Count::default();
+        buffer::copy_all(&mut count);
+        n + count.totals.0
     })
 }
 
@@ -570,17 +617,16 @@ pub(crate) fn totals_of(alloc: u32) -> (usize, usize, usize) {
                 }
             }
         }
-        buffer::copy_all(
-            |key, rec| {
-                if key.alloc == alloc {
-                    totals.0 += 1;
-                    totals.1 += rec.size;
-                    totals.2 += rec.requested;
-                }
-            },
-            |_, _, _| {},
-        );
-        totals
+        let mut count = Count {
+            alloc: Some(alloc),
+            ..Count::default()
+        };
+        buffer::copy_all(&mut count);
+        (
+            totals.0 + count.totals.0,
+            totals.1 + count.totals.1,
+            totals.2 + count.totals.2,
+        )
     })
 }
 
