@@ -127,6 +127,22 @@ impl Node {
         }
     }
 
+    /// The padding a taken node holds ([`Node::padding`] without asking whether the node is
+    /// taken).
+    #[inline(always)]
+    fn taken_padding(&self) -> u64 {
+        debug_assert!(!self.is_free() && self.prev_free & KIND_MASK != VACANT);
+        self.start() - self.offset
+    }
+
+    /// Whether a taken node holds padding: its offset is not aligned to its allocation's
+    /// alignment ([`Node::is_padded`] without asking whether the node is taken).
+    #[inline(always)]
+    fn holds_padding(&self) -> bool {
+        debug_assert!(!self.is_free() && self.prev_free & KIND_MASK != VACANT);
+        self.offset & ((1u64 << (self.prev_free & ALIGN_BITS)) - 1) != 0
+    }
+
     /// Whether the node holds padding: taken, and not starting at an aligned offset.
     #[inline(always)]
     fn is_padded(&self) -> bool {
@@ -997,7 +1013,7 @@ impl Tlsf {
             self.node(i).kind(),
             NodeKind::Used { .. } | NodeKind::Reserved(_)
         ));
-        let (offset, mut size, prev, next, own_pad, prev_free) = {
+        let (offset, mut size, prev, next, own_padded, prev_free) = {
             let n = self.node(i);
             let prev_free = n.prev_is_free();
             (
@@ -1005,14 +1021,14 @@ impl Tlsf {
                 n.size,
                 n.prev_phys,
                 n.next_phys,
-                n.padding(),
+                n.holds_padding(),
                 prev_free,
             )
         };
         debug_assert_eq!(prev_free, prev != NIL && self.node(prev).is_free());
         // Without a branch: whether an allocation holds padding is a coin toss at most
         // alignments.
-        self.padded_count -= u32::from(own_pad > 0);
+        self.padded_count -= u32::from(own_padded);
         let mut next_free = false;
         if next != NIL {
             let n = self.node_mut(next);
@@ -1022,7 +1038,7 @@ impl Tlsf {
                 // A free range ends before it now, i or the one i merges into.
                 n.set_prev_is_free(true);
                 // Take over the next allocation's padding, if any (without a branch).
-                let pad = n.padding();
+                let pad = n.taken_padding();
                 n.offset += pad;
                 n.size -= pad;
                 size += pad;
