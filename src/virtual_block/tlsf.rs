@@ -263,8 +263,9 @@ impl Arena {
     }
 
     /// The address of node `i`'s link field at byte offset `field`, by wrapping arithmetic
-    /// from node 0 with `i` taken as an `i32`: inside the arena for `i < len()`, the sink's
-    /// field for `i == NIL`, and not to be used otherwise.
+    /// from node 0 with `i` taken as an `i32`: inside the arena for `i < len()` (node indices
+    /// stay below [`MAX_NODES`], 2^31, so they are not negative as `i32`s), the sink's field
+    /// for `i == NIL`, and not to be used otherwise.
     #[inline(always)]
     fn link_field(&mut self, i: u32, field: usize) -> *mut u32 {
         self.v
