@@ -1486,11 +1486,13 @@ pub(crate) fn enter_scope(tag: Tag) -> Tag {
     })
 }
 
-/// [`enter_scope`]'s check when the cache's hooks do not show tags in use.
+/// [`enter_scope`]'s check when the cache's hooks do not show tags in use (out of line, so
+/// the tag's test stays off the path of a cache that shows them; [`enable_tags`] asks the
+/// global flag).
 #[cold]
 #[inline(never)]
 fn enable_tags_for(tag: Tag) {
-    if tag != 0 && !tags_in_use() {
+    if tag != 0 {
         enable_tags();
     }
 }
