@@ -97,6 +97,14 @@ const fn first_sizings() -> [UnsafeCell<BinSizing>; CLASS_COUNT] {
     sizings
 }
 
+/// [`Lane::free_gate`]: frees go straight into a bin (no records of this lane's blocks, no
+/// guarded sampling).
+const GATE_OPEN: u8 = 0;
+/// Only sampled records: a free asks the sample filter first.
+const GATE_SAMPLED: u8 = 1;
+/// Records of every block or guarded sampling: a free asks the hooks, out of line.
+const GATE_ASK: u8 = 2;
+
 /// [`ClassSlot::open_until`] with records off.
 pub(super) const OPEN: u64 = u64::MAX;
 /// [`ClassSlot::open_until`] when the next allocation must take the miss path and look at
@@ -186,6 +194,11 @@ pub(crate) struct Lane {
     /// block's segment tag with this one word (see `free_in_current_lane`). Written with the
     /// hooks (see [`set_hooks`](Self::set_hooks)).
     free_tag: AtomicU16,
+    /// What a free through this lane must ask (one of the `GATE_*` values), derived from the
+    /// hooks: [`free_filtered`](Self::free_filtered) reads this one byte with a single
+    /// compare, so that a lane that only samples pays the sample filter's test and nothing
+    /// more. Written with the hooks (see [`set_hooks`](Self::set_hooks)).
+    free_gate: AtomicU8,
     /// The small heap of that tag, where refills come from and overflows go (null: tag 0's).
     heap: AtomicPtr<SmallHeap>,
     /// The next lane made on demand for the same thread (see `ThreadCache::dynamic`).
@@ -233,6 +246,7 @@ impl Lane {
             hooks: AtomicU8::new(hooks),
             tag: AtomicU16::new(tag),
             free_tag: AtomicU16::new(Self::free_tag_for(hooks, tag)),
+            free_gate: AtomicU8::new(Self::free_gate_for(hooks)),
             heap: AtomicPtr::new(null_mut()),
             next: AtomicPtr::new(null_mut()),
             requested_in: AtomicUsize::new(0),
@@ -271,6 +285,15 @@ impl Lane {
         }
     }
 
+    /// [`free_gate`](Self::free_gate) for `hooks`.
+    const fn free_gate_for(hooks: u8) -> u8 {
+        match hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) {
+            0 => GATE_OPEN,
+            HOOK_FREE_SAMPLED => GATE_SAMPLED,
+            _ => GATE_ASK,
+        }
+    }
+
     /// The tag a block must have to be freed straight into a bin here (see the field).
     #[inline(always)]
     pub(super) fn free_tag(&self) -> Tag {
@@ -283,6 +306,7 @@ impl Lane {
     pub(super) fn set_hooks(&self, hooks: u8) {
         self.free_tag
             .store(Self::free_tag_for(hooks, self.tag()), Relaxed);
+        self.free_gate.store(Self::free_gate_for(hooks), Relaxed);
         self.hooks.store(hooks, Relaxed);
     }
 
@@ -521,27 +545,21 @@ impl Lane {
         // SAFETY: forwarded from the caller.
         unsafe {
             let bin = self.bin(class);
-            let hooks = self.hooks.load(Relaxed);
-            if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) != 0 {
-                if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) == HOOK_FREE_SAMPLED {
-                    // Sampled records alone: one filter test, then the straight line.
-                    if records::global::maybe_sampled(ptr) {
-                        return false;
-                    }
-                    if self.bin_full(class) {
-                        return false;
-                    }
-                    self.push(bin, ptr, class);
-                    return true;
-                }
+            // One compare of the gate byte (above, below or at GATE_SAMPLED), so records off
+            // pays one load and two branches, and sampling alone the filter's test on top.
+            let gate = self.free_gate.load(Relaxed);
+            if gate > GATE_SAMPLED {
                 // Out of the straight line: records off is the case to keep short.
                 cold_path();
+                let hooks = self.hooks.load(Relaxed);
                 if hooks & HOOK_FREE != 0
                     || (hooks & HOOK_GUARD != 0 && guarded::AREA.contains(ptr.addr()))
                     || (hooks & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr))
                 {
                     return false;
                 }
+            } else if gate == GATE_SAMPLED && records::global::maybe_sampled(ptr) {
+                return false;
             }
             if self.bin_full(class) {
                 return false;
