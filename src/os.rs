@@ -8,8 +8,29 @@
 //! The schemas above it take any [`PageSource`], so their algorithms can run on plain
 //! memory under Miri, or on a fixed region a program hands them.
 
+use crate::config::HugePages;
 use core::ptr;
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// The size of a transparent huge page (x86-64 and most aarch64 Linux kernels).
+const HUGE_PAGE: usize = 2 * 1024 * 1024;
+
+/// [`HugePages::Auto`]'s threshold: small programs keep a small resident set.
+const HUGE_PAGES_AUTO_FROM: usize = 8 * 1024 * 1024;
+
+/// This thread's CPU time in nanoseconds (0 if the clock cannot be read).
+#[cfg(target_os = "linux")]
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; the call has no other preconditions.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
 
 /// Where a schema gets its memory: runs of pages, mapped and unmapped whole.
 ///
@@ -42,11 +63,14 @@ pub unsafe trait PageSource: Sync {
     /// anyone still needs.
     unsafe fn purge(&self, ptr: *mut u8, len: usize) -> bool;
 
-    /// Asks for the range to be backed by huge pages where the system supports it (Linux
-    /// transparent huge pages). A hint: it may do nothing.
+    /// Asks for a mapping just made to be backed by huge pages where the system supports it
+    /// and the source's policy wants them (Linux transparent huge pages). A hint: it may do
+    /// nothing, or fault in the first huge page of the range at once (to learn what that
+    /// costs), writing zeros.
     ///
     /// # Safety
-    /// The range must lie inside one live mapping from this source.
+    /// The range must lie inside one live mapping from this source that nothing has
+    /// written to yet and no other thread can reach.
     unsafe fn hint_huge_pages(&self, ptr: *mut u8, len: usize) {
         let _ = (ptr, len);
     }
@@ -93,7 +117,26 @@ pub struct OsStats {
     pub purge_calls: usize,
     /// Bytes handed back to the OS by purges, summed over all calls.
     pub purged_bytes: usize,
+    /// Mappings advised to use transparent huge pages (see `TAGALLOC_HUGE_PAGES`).
+    pub huge_page_hints: usize,
+    /// Of those, first huge-page faults that took over a millisecond of CPU time (the
+    /// kernel compacting memory to find a free huge page). At
+    /// [`HUGE_PAGE_STALLS_TO_STOP`] the OS layer stops asking for huge pages.
+    pub huge_page_stalls: usize,
 }
+
+/// CPU time of a huge page's first fault above which it counts as a stall. Zeroing 2 MiB
+/// takes well under this; direct compaction takes milliseconds.
+const HUGE_PAGE_STALL_NS: u64 = 1_000_000;
+
+/// Stalls after which the process asks for no more huge pages (so a machine whose memory is
+/// fragmented costs a couple of slow faults, not one per 2 MiB of heap growth).
+pub const HUGE_PAGE_STALLS_TO_STOP: usize = 2;
+
+/// Bytes the OS layer must map before it asks for huge pages; `usize::MAX`: never.
+static HUGE_PAGES_FROM: AtomicUsize = AtomicUsize::new(usize::MAX);
+static HUGE_PAGE_HINTS: AtomicUsize = AtomicUsize::new(0);
+static HUGE_PAGE_STALLS: AtomicUsize = AtomicUsize::new(0);
 
 static MAPPED: AtomicUsize = AtomicUsize::new(0);
 static PEAK_MAPPED: AtomicUsize = AtomicUsize::new(0);
@@ -136,7 +179,28 @@ impl OsAllocator {
             failed_maps: FAILED_MAPS.load(Relaxed),
             purge_calls: PURGE_CALLS.load(Relaxed),
             purged_bytes: PURGED_BYTES.load(Relaxed),
+            huge_page_hints: HUGE_PAGE_HINTS.load(Relaxed),
+            huge_page_stalls: HUGE_PAGE_STALLS.load(Relaxed),
         }
+    }
+
+    /// Chooses when new mappings of the heaps ask for transparent huge pages (the setting is
+    /// process-wide; `TAGALLOC_HUGE_PAGES` sets it at start): [`HugePages::Auto`] once
+    /// 8 MiB are mapped, [`HugePages::Always`] from the first mapping.
+    pub fn set_huge_pages(mode: HugePages) {
+        let from = match mode {
+            HugePages::Auto => HUGE_PAGES_AUTO_FROM,
+            HugePages::Always => 0,
+            HugePages::Never => usize::MAX,
+        };
+        HUGE_PAGES_FROM.store(from, Relaxed);
+    }
+
+    /// Whether a mapping of `len` bytes just made asks for huge pages: the bytes mapped
+    /// before it reach the threshold, and huge pages have not stalled too often.
+    fn huge_pages_wanted(len: usize) -> bool {
+        MAPPED.load(Relaxed).saturating_sub(len) >= HUGE_PAGES_FROM.load(Relaxed)
+            && HUGE_PAGE_STALLS.load(Relaxed) < HUGE_PAGE_STALLS_TO_STOP
     }
 
     /// Makes the next `count` map requests fail as if the OS had refused them.
@@ -363,9 +427,31 @@ unsafe impl PageSource for OsAllocator {
 
     #[cfg(target_os = "linux")]
     unsafe fn hint_huge_pages(&self, ptr: *mut u8, len: usize) {
+        if !Self::huge_pages_wanted(len) {
+            return;
+        }
         // SAFETY: the caller passes a range inside a live mapping; the advice changes only
         // how the kernel backs it.
-        unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) };
+        if unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) } != 0 {
+            return;
+        }
+        HUGE_PAGE_HINTS.fetch_add(1, Relaxed);
+        // Fault the first whole huge page in now and time it: with the kernel's usual
+        // `defrag=madvise`, a huge-page fault compacts memory when no free huge page is at
+        // hand, which can take milliseconds each time. Thread CPU time, so that being
+        // descheduled does not count.
+        let first = ptr.addr().next_multiple_of(HUGE_PAGE);
+        if first.saturating_add(HUGE_PAGE) > ptr.addr() + len {
+            return;
+        }
+        let before = thread_cpu_ns();
+        // SAFETY: inside the caller's fresh mapping, which nothing has written to and no
+        // other thread reaches: writing a zero where the page reads as zero changes nothing
+        // but its backing.
+        unsafe { ptr.with_addr(first).write_volatile(0) };
+        if thread_cpu_ns().saturating_sub(before) > HUGE_PAGE_STALL_NS {
+            HUGE_PAGE_STALLS.fetch_add(1, Relaxed);
+        }
     }
 
     #[cfg(target_os = "linux")]

@@ -439,13 +439,14 @@ impl LargeState {
         let Some(len) = need.max(CHUNK_SIZE).checked_next_multiple_of(SEGMENT_SIZE) else {
             return false;
         };
-        // Chunks keep small pages: large blocks are mostly walked in order (little to gain
-        // from huge pages), and a sparsely touched block would cost 2 MiB of zeroing and RSS
-        // per huge page.
         let base = source.map(len, SEGMENT_SIZE.max(granule), 0);
         if base.is_null() {
             return false;
         }
+        // Huge pages where the source's policy wants them: hash tables and other large
+        // blocks read at random gain as much from them as small blocks do.
+        // SAFETY: a fresh mapping nothing has written to, reachable only from here.
+        unsafe { source.hint_huge_pages(base, len) };
         addr_map::note_chunk(base, len);
         // SAFETY: `base` is a fresh zeroed mapping of `len` bytes; all headers written lie
         // inside it.
@@ -859,6 +860,8 @@ impl LargeHeap {
         if base.is_null() {
             return None;
         }
+        // SAFETY: a fresh mapping nothing has written to, reachable only from here.
+        unsafe { source.hint_huge_pages(base, len) };
         // SAFETY: `base` is a fresh mapping of `len` bytes; the headers lie before the payload
         // inside it.
         let grant = unsafe { self.format_direct(base, len, header_space, tag) };

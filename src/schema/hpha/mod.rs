@@ -386,16 +386,10 @@ impl<S: PageSource> HphaSchema<S> {
         self.clock.set_delay_ms(ms);
     }
 
-    /// Chooses when small-block segments ask for transparent huge pages (for every heap in
-    /// the process: the setting is global).
+    /// Chooses when the heaps' new mappings ask for transparent huge pages (for every heap in
+    /// the process: the setting is global; see [`OsAllocator::set_huge_pages`]).
     pub fn set_huge_pages(mode: crate::config::HugePages) {
-        use crate::config::HugePages;
-        let from = match mode {
-            HugePages::Auto => 4,
-            HugePages::Always => 0,
-            HugePages::Never => usize::MAX,
-        };
-        small::HUGE_PAGES_FROM_SEGMENT.store(from, core::sync::atomic::Ordering::Relaxed);
+        crate::os::OsAllocator::set_huge_pages(mode);
     }
 
     /// The delay set with [`set_purge_delay`](Self::set_purge_delay).

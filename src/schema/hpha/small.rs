@@ -34,7 +34,7 @@ use crate::fatal::fatal;
 use crate::os::PageSource;
 use crate::sync::SpinLock;
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
 
 /// Bytes per small-block page; also the alignment used to find a page header.
 pub const PAGE_SIZE: usize = 64 * 1024;
@@ -51,18 +51,6 @@ const SEGMENT_COLOURS: usize = PAGE_SIZE / HEADER_ARRAY - 1;
 const _: () = assert!(core::mem::size_of::<PageHeader>() <= HEADER_STRIDE);
 const _: () = assert!(HEADER_STRIDE.is_power_of_two() && HEADER_ARRAY.is_power_of_two());
 const _: () = assert!(SEGMENT_COLOURS >= 1 && (SEGMENT_COLOURS + 1) * HEADER_ARRAY <= PAGE_SIZE);
-
-/// Segments after this many are backed by transparent huge pages (fewer TLB misses for
-/// programs with large heaps); `usize::MAX` (the default) turns huge pages off. See
-/// `config::HugePages` for why they are opt-in.
-pub(crate) static HUGE_PAGES_FROM_SEGMENT: AtomicUsize = AtomicUsize::new(usize::MAX);
-
-/// Whether the next mapping of a side of the heap that already maps `bytes_before` should
-/// ask for huge pages (the threshold is [`HUGE_PAGES_FROM_SEGMENT`] segments' worth).
-pub(crate) fn huge_pages_wanted(bytes_before: usize) -> bool {
-    let from = HUGE_PAGES_FROM_SEGMENT.load(Relaxed);
-    from != usize::MAX && bytes_before >= from.saturating_mul(SEGMENT_SIZE)
-}
 
 /// Whether double frees and foreign frees of small blocks are checked with a bitmap.
 pub(crate) const CHECKED: bool = cfg!(any(debug_assertions, feature = "checked"));
@@ -433,9 +421,7 @@ impl PagePool {
                     return null_mut();
                 }
                 super::addr_map::note_segment(base);
-                if huge_pages_wanted(self.segment_count * SEGMENT_SIZE) {
-                    source.hint_huge_pages(base, SEGMENT_SIZE);
-                }
+                source.hint_huge_pages(base, SEGMENT_SIZE);
                 // Before any block of the segment exists (fresh mappings read as zero, the
                 // heap's own tag).
                 if self.tag != 0 {
