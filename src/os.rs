@@ -10,7 +10,7 @@
 
 use crate::config::HugePages;
 use core::ptr;
-use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// The size of a transparent huge page (x86-64 and most aarch64 Linux kernels).
 const HUGE_PAGE: usize = 2 * 1024 * 1024;
@@ -129,6 +129,9 @@ pub struct OsStats {
 /// takes well under this; direct compaction takes milliseconds.
 const HUGE_PAGE_STALL_NS: u64 = 1_000_000;
 
+/// [`HUGE_PAGE_STALL_NS`], unless a test lowered it.
+static HUGE_PAGE_STALL_AT: AtomicU64 = AtomicU64::new(HUGE_PAGE_STALL_NS);
+
 /// Stalls after which the process asks for no more huge pages (so a machine whose memory is
 /// fragmented costs a couple of slow faults, not one per 2 MiB of heap growth).
 pub const HUGE_PAGE_STALLS_TO_STOP: usize = 2;
@@ -201,6 +204,13 @@ impl OsAllocator {
     fn huge_pages_wanted(len: usize) -> bool {
         MAPPED.load(Relaxed).saturating_sub(len) >= HUGE_PAGES_FROM.load(Relaxed)
             && HUGE_PAGE_STALLS.load(Relaxed) < HUGE_PAGE_STALLS_TO_STOP
+    }
+
+    /// Sets the CPU time above which a first huge-page fault counts as a stall (1 ms unless
+    /// changed): for tests of the stall guard, which set it to 0 so every fault counts.
+    #[doc(hidden)]
+    pub fn set_huge_page_stall_ns(ns: u64) {
+        HUGE_PAGE_STALL_AT.store(ns, Relaxed);
     }
 
     /// Makes the next `count` map requests fail as if the OS had refused them.
@@ -449,7 +459,7 @@ unsafe impl PageSource for OsAllocator {
         // other thread reaches: writing a zero where the page reads as zero changes nothing
         // but its backing.
         unsafe { ptr.with_addr(first).write_volatile(0) };
-        if thread_cpu_ns().saturating_sub(before) > HUGE_PAGE_STALL_NS {
+        if thread_cpu_ns().saturating_sub(before) > HUGE_PAGE_STALL_AT.load(Relaxed) {
             HUGE_PAGE_STALLS.fetch_add(1, Relaxed);
         }
     }

@@ -100,6 +100,26 @@ fn main() {
         }
         _ => println!("huge_pages: the kernel offers no transparent huge pages here; not checked"),
     }
+    for (a, layout) in live.drain(..) {
+        // SAFETY: live blocks of this heap, freed once with their layouts.
+        unsafe { heap.deallocate(a.ptr, layout) };
+    }
+
+    // The stall guard: with every first fault counted as a stall, the second one turns the
+    // hints off for good.
+    OsAllocator::set_huge_page_stall_ns(0);
+    for _ in 0..8 {
+        if OsAllocator::stats().huge_page_stalls >= 2 {
+            break;
+        }
+        live.push((heap.allocate(direct).unwrap(), direct));
+    }
+    assert_eq!(OsAllocator::stats().huge_page_stalls, 2);
+    let before = hints();
+    for _ in 0..2 {
+        live.push((heap.allocate(direct).unwrap(), direct));
+    }
+    assert_eq!(hints(), before, "huge pages asked for after two stalls");
     for (a, layout) in live {
         // SAFETY: live blocks of this heap, freed once with their layouts.
         unsafe { heap.deallocate(a.ptr, layout) };
