@@ -8,7 +8,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `TAGALLOC_PURGE_DELAY_MS` | milliseconds free memory stays mapped before it goes back to the OS; `0` = at once, `never` = only on `garbage_collect` | 1000 |
-//! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for small-block segments: `never`, `auto` (once the heap passes 8 MiB), `always` | `never` |
+//! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for the heaps' new mappings: `never`, `auto` (once 8 MiB are mapped; stops after two faults stalled on compaction), `always` | `auto` |
 //! | `TAGALLOC_THREAD_POINTER` | `off` reaches the thread caches only through `thread_local!` (a little slower), as in a shared library; an escape hatch for unusual loaders | `auto` |
 //! | `TAGALLOC_RECORDS` | allocation records per allocator, e.g. `Script Canvas=full,SystemAllocator=sample:512KiB` (syntax in [`records::config`](crate::records::config)) | all off |
 //! | `TAGALLOC_REPORT` | a path: the allocator table and the leak report are written there at exit | none |
@@ -86,15 +86,18 @@ pub(crate) fn purge_delay_from_env() -> PurgeDelay {
     }
 }
 
-/// When small-block segments get transparent huge pages.
+/// When the heaps' new mappings (small-block segments, large-block chunks, blocks with their
+/// own mapping) ask for transparent huge pages. Whatever the setting, the OS layer stops
+/// asking after two first faults of a huge page each took over a millisecond of CPU time
+/// (the kernel compacting memory to find one; see `OsStats::huge_page_stalls`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HugePages {
-    /// Once the small-block heap has grown past 8 MiB: large heaps get fewer TLB misses,
-    /// small programs keep a small resident set.
+    /// Once the process has mapped 8 MiB through the OS layer (the default): big heaps get
+    /// fewer TLB misses, small programs keep a small resident set.
     Auto,
-    /// From the first segment.
+    /// From the first mapping.
     Always,
-    /// Never.
+    /// Never: the smallest resident set for heaps that are sparse or short-lived.
     Never,
 }
 
@@ -113,16 +116,14 @@ pub fn parse_huge_pages(text: &[u8]) -> Result<HugePages, &'static str> {
     }
 }
 
-/// The huge-page setting the environment asks for (default `Never`: with the kernel's usual
-/// `defrag=madvise`, a fault in a huge-page region may stall on memory compaction for
-/// hundreds of milliseconds, which a game or a server should not get by default); warns
-/// about bad values.
+/// The huge-page setting the environment asks for (default `Auto`, as mimalloc backs its
+/// heap with huge pages by default: measured in docs/performance.md); warns about bad values.
 pub(crate) fn huge_pages_from_env() -> HugePages {
     match env_bytes(c"TAGALLOC_HUGE_PAGES") {
-        None => HugePages::Never,
+        None => HugePages::Auto,
         Some(value) => parse_huge_pages(value).unwrap_or_else(|why| {
             warn_bad_value("TAGALLOC_HUGE_PAGES", value, why);
-            HugePages::Never
+            HugePages::Auto
         }),
     }
 }

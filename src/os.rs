@@ -136,8 +136,9 @@ static HUGE_PAGE_STALL_AT: AtomicU64 = AtomicU64::new(HUGE_PAGE_STALL_NS);
 /// fragmented costs a couple of slow faults, not one per 2 MiB of heap growth).
 pub const HUGE_PAGE_STALLS_TO_STOP: usize = 2;
 
-/// Bytes the OS layer must map before it asks for huge pages; `usize::MAX`: never.
-static HUGE_PAGES_FROM: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Bytes the OS layer must map before it asks for huge pages; `usize::MAX`: never. The
+/// default is [`HugePages::Auto`]'s.
+static HUGE_PAGES_FROM: AtomicUsize = AtomicUsize::new(HUGE_PAGES_AUTO_FROM);
 static HUGE_PAGE_HINTS: AtomicUsize = AtomicUsize::new(0);
 static HUGE_PAGE_STALLS: AtomicUsize = AtomicUsize::new(0);
 

@@ -28,7 +28,8 @@ fn main() {
     let heap = HphaSchema::new(OsAllocator);
     let small = Layout::from_size_align(64, 8).unwrap();
 
-    // Never (the default): no mapping asks.
+    // Never: no mapping asks.
+    HphaSchema::<OsAllocator>::set_huge_pages(HugePages::Never);
     let a = heap.allocate(small).unwrap();
     let big = Layout::from_size_align(3 * MIB, 8).unwrap();
     let b = heap.allocate(big).unwrap();

@@ -19,9 +19,9 @@
     all(feature = "alloc-mimalloc", feature = "alloc-tracking"),
     all(feature = "alloc-jemalloc", feature = "alloc-tracking"),
     all(feature = "alloc-tagalloc-child", feature = "alloc-tagalloc-scoped"),
-    all(feature = "alloc-tagalloc-child", feature = "alloc-tagalloc-thp"),
-    all(feature = "alloc-tagalloc-scoped", feature = "alloc-tagalloc-thp"),
-    all(feature = "alloc-tagalloc-guarded", feature = "alloc-tagalloc-thp"),
+    all(feature = "alloc-tagalloc-child", feature = "alloc-tagalloc-nothp"),
+    all(feature = "alloc-tagalloc-scoped", feature = "alloc-tagalloc-nothp"),
+    all(feature = "alloc-tagalloc-guarded", feature = "alloc-tagalloc-nothp"),
     all(feature = "alloc-tagalloc-guarded", feature = "alloc-tagalloc-scoped"),
     all(feature = "alloc-tagalloc-guarded", feature = "alloc-tagalloc-child"),
 ))]
@@ -41,8 +41,8 @@ pub const ALL: [&str; 4] = ["tagalloc", "system", "mimalloc", "jemalloc"];
 /// `tagalloc-scoped` is tagalloc with every thread of the workload inside one scoped tag
 /// (`Program.enter()`), and `tracking` its peer: tracking-allocator 0.4 over the system
 /// allocator, every thread inside one allocation group, whose tracker counts live bytes.
-/// `tagalloc-thp` is tagalloc with transparent huge pages for its small-block heap past
-/// 8 MiB (`TAGALLOC_HUGE_PAGES=auto`), to decide that setting's default by measurement.
+/// `tagalloc-nothp` is tagalloc without transparent huge pages (`TAGALLOC_HUGE_PAGES=never`;
+/// the default is `auto`: past 8 MiB mapped), to keep measuring what they bring.
 /// `tagalloc-guarded` is tagalloc with guarded sampling of the `SystemAllocator` at one
 /// allocation in 1000 (what `TAGALLOC_GUARDED="SystemAllocator=1/1000"` sets), to measure
 /// what it costs.
@@ -50,7 +50,7 @@ pub const EXTRA: [&str; 5] = [
     "tagalloc-child",
     "tagalloc-scoped",
     "tracking",
-    "tagalloc-thp",
+    "tagalloc-nothp",
     "tagalloc-guarded",
 ];
 
@@ -58,7 +58,7 @@ pub const EXTRA: [&str; 5] = [
     feature = "alloc-tagalloc",
     not(feature = "alloc-tagalloc-child"),
     not(feature = "alloc-tagalloc-scoped"),
-    not(feature = "alloc-tagalloc-thp"),
+    not(feature = "alloc-tagalloc-nothp"),
     not(feature = "alloc-tagalloc-guarded")
 ))]
 mod chosen {
@@ -137,12 +137,12 @@ mod chosen {
     }
 }
 
-#[cfg(feature = "alloc-tagalloc-thp")]
+#[cfg(feature = "alloc-tagalloc-nothp")]
 mod chosen {
     #[global_allocator]
     static GLOBAL: tagalloc::SystemAllocator = tagalloc::SystemAllocator::new();
 
-    pub const NAME: &str = "tagalloc-thp";
+    pub const NAME: &str = "tagalloc-nothp";
     pub const NOTE: &str = "";
 
     /// The `SystemAllocator`'s `garbage_collect`, as for plain tagalloc.
@@ -151,10 +151,10 @@ mod chosen {
         true
     }
 
-    /// Huge pages on before the workload (its heap is still small then).
+    /// Huge pages off before the workload (its heap is still small then).
     pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
         tagalloc::schema::HphaSchema::<tagalloc::os::OsAllocator>::set_huge_pages(
-            tagalloc::config::HugePages::Auto,
+            tagalloc::config::HugePages::Never,
         );
         f()
     }
@@ -339,7 +339,7 @@ pub fn trim() -> bool {
 #[cfg(any(
     feature = "alloc-tagalloc-scoped",
     feature = "alloc-tracking",
-    feature = "alloc-tagalloc-thp",
+    feature = "alloc-tagalloc-nothp",
     feature = "alloc-tagalloc-guarded"
 ))]
 pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
@@ -350,7 +350,7 @@ pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {
 #[cfg(not(any(
     feature = "alloc-tagalloc-scoped",
     feature = "alloc-tracking",
-    feature = "alloc-tagalloc-thp",
+    feature = "alloc-tagalloc-nothp",
     feature = "alloc-tagalloc-guarded"
 )))]
 pub fn in_thread<R>(f: impl FnOnce() -> R) -> R {

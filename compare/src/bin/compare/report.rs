@@ -100,8 +100,8 @@ fn ratio_columns(allocs: &[&str]) -> Vec<RatioColumn> {
             under: &["tagalloc"],
         },
         RatioColumn {
-            label: "tagalloc-thp ÷ tagalloc",
-            over: "tagalloc-thp",
+            label: "tagalloc-nothp ÷ tagalloc",
+            over: "tagalloc-nothp",
             under: &["tagalloc"],
         },
         RatioColumn {
