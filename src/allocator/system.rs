@@ -879,6 +879,19 @@ unsafe fn realloc_plain(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u
     let align = layout.align();
     match (class_for(layout.size(), align), class_for(new_size, align)) {
         (Some(a), Some(b)) if a == b => return ptr,
+        (Some(a), Some(b)) => {
+            // Small to small (a string or vector outgrowing its class): both classes known.
+            let new = thread_cache::allocate(b);
+            if !new.is_null() {
+                // SAFETY: both blocks are live and distinct, each at least as long as
+                // copied; `ptr` is a live block of class `a` (GlobalAlloc's contract).
+                unsafe {
+                    ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                    thread_cache::free(ptr, a);
+                }
+            }
+            return new;
+        }
         (None, None) => {
             // SAFETY: `ptr` is a live large block allocated with `align`.
             let resized = unsafe {

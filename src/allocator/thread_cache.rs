@@ -839,11 +839,13 @@ static THREADS: TicketLock<ThreadList> = TicketLock::new(ThreadList {
 /// Counts of exited threads and of threads running without a cache.
 static ORPHANS: Counters = Counters::new();
 
-/// Allocates a small block of `class` for the program.
+/// Allocates a small block of `class` for the program, from lane 0 (no records, no
+/// sampling: the callers have decided). Reaches the cache from the thread pointer where it
+/// can, as the fast paths do (a new cache's bins are empty, so its first call registers it).
 #[inline(always)]
 pub(crate) fn allocate(class: usize) -> *mut u8 {
     // SAFETY: the cache is this thread's own; `class` comes from `class_for`.
-    CACHE.with(|tc| unsafe { tc.allocate(tc.system(), class) })
+    with_cache(|tc| unsafe { tc.allocate(tc.system(), class) })
 }
 
 /// Frees a small block of `class`.
@@ -852,8 +854,9 @@ pub(crate) fn allocate(class: usize) -> *mut u8 {
 /// `ptr` must be a live small block of `class` handed out by [`allocate`].
 #[inline(always)]
 pub(crate) unsafe fn free(ptr: *mut u8, class: usize) {
-    // SAFETY: forwarded from the caller; the cache is this thread's own.
-    CACHE.with(|tc| unsafe { tc.free(tc.system(), ptr, class) })
+    // SAFETY: forwarded from the caller; the cache is this thread's own (a new cache's
+    // limits make its first free a miss, which registers it).
+    with_cache(|tc| unsafe { tc.free(tc.system(), ptr, class) })
 }
 
 /// The calling thread's cache as a fast path found it through the thread pointer; null
