@@ -13,6 +13,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// The size of a transparent huge page (x86-64 and most aarch64 Linux kernels).
+#[cfg(target_os = "linux")]
 const HUGE_PAGE: usize = 2 * 1024 * 1024;
 
 /// [`HugePages::Auto`]'s threshold: small programs keep a small resident set.
