@@ -203,6 +203,7 @@ impl OsAllocator {
 
     /// Whether a mapping of `len` bytes just made asks for huge pages: the bytes mapped
     /// before it reach the threshold, and huge pages have not stalled too often.
+    #[cfg(target_os = "linux")]
     fn huge_pages_wanted(len: usize) -> bool {
         MAPPED.load(Relaxed).saturating_sub(len) >= HUGE_PAGES_FROM.load(Relaxed)
             && HUGE_PAGE_STALLS.load(Relaxed) < HUGE_PAGE_STALLS_TO_STOP
