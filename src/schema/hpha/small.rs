@@ -729,19 +729,22 @@ impl SmallHeap {
         (head, got)
     }
 
-    /// Gives back `count` slots of `class`, linked from `head` through their first word;
-    /// pages that become empty are stamped with the purge epoch `stamp`.
+    /// Gives back the first `count` slots of `class` of the chain at `head` (linked through
+    /// their first word); pages that become empty are stamped with the purge epoch `stamp`.
+    /// Returns what followed the last slot given back in the chain (so a thread cache that
+    /// gives back the front of a bin learns the bin's new head without walking it first).
     ///
     /// # Safety
-    /// Each slot must have come from [`SmallHeap::take_slots`] of this heap and class and be
-    /// free (nobody uses it). A slot whose page does not match aborts with a message.
+    /// Each of the `count` slots must have come from [`SmallHeap::take_slots`] of this heap
+    /// and class and be free (nobody uses it); the chain must hold at least `count` slots. A
+    /// slot whose page does not match aborts with a message.
     pub(crate) unsafe fn return_slots(
         &self,
         class: usize,
         head: *mut FreeSlot,
         count: usize,
         stamp: u64,
-    ) {
+    ) -> *mut FreeSlot {
         let mut st = self.classes[class].0.lock();
         let mut slot = head;
         let mut left = count;
@@ -781,6 +784,7 @@ impl SmallHeap {
         }
         st.live_blocks -= count;
         st.frees += count as u64;
+        slot
     }
 
     /// The check [`return_one`](Self::return_one) makes of a slot given back: its page
