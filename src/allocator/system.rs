@@ -881,16 +881,15 @@ unsafe fn realloc_plain(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u
         (Some(a), Some(b)) if a == b => return ptr,
         (Some(a), Some(b)) => {
             // Small to small (a string or vector outgrowing its class): both classes known.
-            let new = thread_cache::allocate(b);
-            if !new.is_null() {
-                // SAFETY: both blocks are live and distinct, each at least as long as
-                // copied; `ptr` is a live block of class `a` (GlobalAlloc's contract).
-                unsafe {
-                    ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                    thread_cache::free(ptr, a);
-                }
-            }
-            return new;
+            // SAFETY: `ptr` is a live block of class `a` (GlobalAlloc's contract).
+            return unsafe {
+                moved(
+                    ptr,
+                    thread_cache::allocate(b),
+                    layout.size().min(new_size),
+                    || thread_cache::free(ptr, a),
+                )
+            };
         }
         (None, None) => {
             // SAFETY: `ptr` is a live large block allocated with `align`.
@@ -907,13 +906,29 @@ unsafe fn realloc_plain(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u
     }
     // SAFETY: GlobalAlloc's contract makes `new_size` at `align` a valid layout.
     let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, align) };
-    let new = alloc_plain(new_layout);
+    // SAFETY: `ptr` is a live block allocated with `layout` (GlobalAlloc's contract).
+    unsafe {
+        moved(
+            ptr,
+            alloc_plain(new_layout),
+            layout.size().min(new_size),
+            || dealloc_plain(ptr, layout),
+        )
+    }
+}
+
+/// The move of a `realloc`: unless the new block is null, copies `copied` bytes into it and
+/// frees the old one with `free`. Returns the new block.
+///
+/// # Safety
+/// `ptr` and `new` (if not null) are live, distinct blocks of at least `copied` bytes, and
+/// `free` frees `ptr`.
+#[inline(always)]
+unsafe fn moved(ptr: *mut u8, new: *mut u8, copied: usize, free: impl FnOnce()) -> *mut u8 {
     if !new.is_null() {
-        // SAFETY: both blocks are live and distinct, each at least as long as copied.
-        unsafe {
-            ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-            dealloc_plain(ptr, layout);
-        }
+        // SAFETY: the caller's contract.
+        unsafe { ptr::copy_nonoverlapping(ptr, new, copied) };
+        free();
     }
     new
 }
