@@ -8,7 +8,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `TAGALLOC_PURGE_DELAY_MS` | milliseconds free memory stays mapped before it goes back to the OS; `0` = at once, `never` = only on `garbage_collect` | 1000 |
-//! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for the heaps' new mappings: `never`, `auto` (once 8 MiB are mapped; stops after two faults stalled on compaction), `always` | `auto` |
+//! | `TAGALLOC_HUGE_PAGES` | transparent huge pages for the heaps' new mappings: `never`, `auto` (once 8 MiB are mapped, for heaps with 4 MiB of their own; stops after two faults stalled on compaction), `always` | `auto` |
 //! | `TAGALLOC_THREAD_POINTER` | `off` reaches the thread caches only through `thread_local!` (a little slower), as in a shared library; an escape hatch for unusual loaders | `auto` |
 //! | `TAGALLOC_RECORDS` | allocation records per allocator, e.g. `Script Canvas=full,SystemAllocator=sample:512KiB` (syntax in [`records::config`](crate::records::config)) | all off |
 //! | `TAGALLOC_REPORT` | a path: the allocator table and the leak report are written there at exit | none |
@@ -92,8 +92,9 @@ pub(crate) fn purge_delay_from_env() -> PurgeDelay {
 /// (the kernel compacting memory to find one; see `OsStats::huge_page_stalls`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HugePages {
-    /// Once the process has mapped 8 MiB through the OS layer (the default): big heaps get
-    /// fewer TLB misses, small programs keep a small resident set.
+    /// Once the process has mapped 8 MiB through the OS layer, for a heap that has mapped
+    /// 4 MiB itself (the default): big heaps get fewer TLB misses, small programs and heaps
+    /// used lightly (scoped tags with a few blocks) keep a small resident set.
     Auto,
     /// From the first mapping.
     Always,

@@ -19,6 +19,12 @@ const HUGE_PAGE: usize = 2 * 1024 * 1024;
 /// [`HugePages::Auto`]'s threshold: small programs keep a small resident set.
 const HUGE_PAGES_AUTO_FROM: usize = 8 * 1024 * 1024;
 
+/// [`HugePages::Auto`]'s threshold for the heap that asks: what it mapped itself before.
+/// A heap used lightly (a scoped tag's first segment or chunk, in a program already past
+/// [`HUGE_PAGES_AUTO_FROM`]) would otherwise turn a few KiB in use into a resident 2 MiB
+/// huge page: 64 tags, 128 MiB.
+const HUGE_PAGES_AUTO_OWNER_FROM: usize = 4 * 1024 * 1024;
+
 /// This thread's CPU time in nanoseconds (0 if the clock cannot be read).
 #[cfg(target_os = "linux")]
 fn thread_cpu_ns() -> u64 {
@@ -67,13 +73,15 @@ pub unsafe trait PageSource: Sync {
     /// Asks for a mapping just made to be backed by huge pages where the system supports it
     /// and the source's policy wants them (Linux transparent huge pages). A hint: it may do
     /// nothing, or fault in the first huge page of the range at once (to learn what that
-    /// costs), writing zeros.
+    /// costs), writing zeros. `owner_mapped`: the bytes the heap that asks had mapped before
+    /// this mapping (`usize::MAX` for a mapping that is one block of its own), so that a
+    /// heap used lightly is not backed by huge pages it would fill with a few blocks.
     ///
     /// # Safety
     /// The range must lie inside one live mapping from this source that nothing has
     /// written to yet and no other thread can reach.
-    unsafe fn hint_huge_pages(&self, ptr: *mut u8, len: usize) {
-        let _ = (ptr, len);
+    unsafe fn hint_huge_pages(&self, ptr: *mut u8, len: usize, owner_mapped: usize) {
+        let _ = (ptr, len, owner_mapped);
     }
 
     /// Resizes a mapping, moving it if needed, keeping its contents (Linux `mremap`). Returns
@@ -140,6 +148,8 @@ pub const HUGE_PAGE_STALLS_TO_STOP: usize = 2;
 /// Bytes the OS layer must map before it asks for huge pages; `usize::MAX`: never. The
 /// default is [`HugePages::Auto`]'s.
 static HUGE_PAGES_FROM: AtomicUsize = AtomicUsize::new(HUGE_PAGES_AUTO_FROM);
+/// Bytes the asking heap must have mapped itself (see [`HUGE_PAGES_AUTO_OWNER_FROM`]).
+static HUGE_PAGES_OWNER_FROM: AtomicUsize = AtomicUsize::new(HUGE_PAGES_AUTO_OWNER_FROM);
 static HUGE_PAGE_HINTS: AtomicUsize = AtomicUsize::new(0);
 static HUGE_PAGE_STALLS: AtomicUsize = AtomicUsize::new(0);
 
@@ -191,21 +201,25 @@ impl OsAllocator {
 
     /// Chooses when new mappings of the heaps ask for transparent huge pages (the setting is
     /// process-wide; `TAGALLOC_HUGE_PAGES` sets it at start): [`HugePages::Auto`] once
-    /// 8 MiB are mapped, [`HugePages::Always`] from the first mapping.
+    /// 8 MiB are mapped and the heap that grows has mapped 4 MiB itself,
+    /// [`HugePages::Always`] from the first mapping.
     pub fn set_huge_pages(mode: HugePages) {
-        let from = match mode {
-            HugePages::Auto => HUGE_PAGES_AUTO_FROM,
-            HugePages::Always => 0,
-            HugePages::Never => usize::MAX,
+        let (from, owner_from) = match mode {
+            HugePages::Auto => (HUGE_PAGES_AUTO_FROM, HUGE_PAGES_AUTO_OWNER_FROM),
+            HugePages::Always => (0, 0),
+            HugePages::Never => (usize::MAX, usize::MAX),
         };
+        HUGE_PAGES_OWNER_FROM.store(owner_from, Relaxed);
         HUGE_PAGES_FROM.store(from, Relaxed);
     }
 
     /// Whether a mapping of `len` bytes just made asks for huge pages: the bytes mapped
-    /// before it reach the threshold, and huge pages have not stalled too often.
+    /// before it, by the process and by the heap that asks (`owner_mapped`), reach the
+    /// thresholds, and huge pages have not stalled too often.
     #[cfg(target_os = "linux")]
-    fn huge_pages_wanted(len: usize) -> bool {
+    fn huge_pages_wanted(len: usize, owner_mapped: usize) -> bool {
         MAPPED.load(Relaxed).saturating_sub(len) >= HUGE_PAGES_FROM.load(Relaxed)
+            && owner_mapped >= HUGE_PAGES_OWNER_FROM.load(Relaxed)
             && HUGE_PAGE_STALLS.load(Relaxed) < HUGE_PAGE_STALLS_TO_STOP
     }
 
@@ -439,8 +453,8 @@ unsafe impl PageSource for OsAllocator {
     }
 
     #[cfg(target_os = "linux")]
-    unsafe fn hint_huge_pages(&self, ptr: *mut u8, len: usize) {
-        if !Self::huge_pages_wanted(len) {
+    unsafe fn hint_huge_pages(&self, ptr: *mut u8, len: usize, owner_mapped: usize) {
+        if !Self::huge_pages_wanted(len, owner_mapped) {
             return;
         }
         // SAFETY: the caller passes a range inside a live mapping; the advice changes only

@@ -72,9 +72,26 @@ fn main() {
         before + 2,
         "a block with its own mapping did not ask"
     );
-    // Enough small blocks to need a new segment.
+    // A heap's first segments do not ask, however much the process has mapped: a heap used
+    // lightly (a scoped tag's) would turn a few blocks into a resident huge page. Another
+    // heap's first segment and first chunk, past 8 MiB mapped:
+    let light = HphaSchema::new(OsAllocator);
+    let light_small = light.allocate(small).unwrap();
+    let light_large = light.allocate(big).unwrap();
+    assert_eq!(
+        hints(),
+        before + 2,
+        "a heap's first segment or chunk asked for huge pages"
+    );
+    // SAFETY: blocks of `light`, freed once with their layouts.
+    unsafe {
+        light.deallocate(light_small.ptr, small);
+        light.deallocate(light_large.ptr, big);
+    }
+    // Once the heap has 4 MiB of segments, its next one asks (2 MiB segments; the first
+    // holds the 64-byte class's page from above).
     let page = Layout::from_size_align(4096, 8).unwrap();
-    for _ in 0..1024 {
+    for _ in 0..1536 {
         live.push((heap.allocate(page).unwrap(), page));
     }
     assert!(

@@ -446,7 +446,7 @@ impl LargeState {
         // Huge pages where the source's policy wants them: hash tables and other large
         // blocks read at random gain as much from them as small blocks do.
         // SAFETY: a fresh mapping nothing has written to, reachable only from here.
-        unsafe { source.hint_huge_pages(base, len) };
+        unsafe { source.hint_huge_pages(base, len, self.chunk_bytes) };
         addr_map::note_chunk(base, len);
         // SAFETY: `base` is a fresh zeroed mapping of `len` bytes; all headers written lie
         // inside it.
@@ -860,8 +860,9 @@ impl LargeHeap {
         if base.is_null() {
             return None;
         }
-        // SAFETY: a fresh mapping nothing has written to, reachable only from here.
-        unsafe { source.hint_huge_pages(base, len) };
+        // SAFETY: a fresh mapping nothing has written to, reachable only from here. One block
+        // filling its own mapping: no lightly used heap to spare.
+        unsafe { source.hint_huge_pages(base, len, usize::MAX) };
         // SAFETY: `base` is a fresh mapping of `len` bytes; the headers lie before the payload
         // inside it.
         let grant = unsafe { self.format_direct(base, len, header_space, tag) };

@@ -35,6 +35,11 @@ impl Cutoff {
     /// Everything, whatever its stamp.
     pub(crate) const ALL: Cutoff = Cutoff { before: u64::MAX };
 
+    /// Whether this is [`ALL`](Self::ALL) (what `garbage_collect` gives back).
+    pub(crate) fn is_all(self) -> bool {
+        self.before == u64::MAX
+    }
+
     #[inline]
     pub(crate) fn covers(self, stamp: u64) -> bool {
         stamp < self.before

@@ -34,7 +34,7 @@ use crate::fatal::fatal;
 use crate::os::PageSource;
 use crate::sync::SpinLock;
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
 
 /// Bytes per small-block page; also the alignment used to find a page header.
 pub const PAGE_SIZE: usize = 64 * 1024;
@@ -226,6 +226,15 @@ const DEPOT_BYTES: usize = 32 * 1024;
 /// few blocks, which a depot batch would overfill.
 const DEPOT_MAX_BLOCK: usize = 512;
 
+/// Classes with a depot: the first ones, up to blocks of [`DEPOT_MAX_BLOCK`] bytes.
+const DEPOT_CLASSES: usize = {
+    let mut n = 0;
+    while n < CLASS_COUNT && class_size(n) <= DEPOT_MAX_BLOCK {
+        n += 1;
+    }
+    n
+};
+
 /// How many batches the depot of `class` may hold (0: no depot).
 const fn depot_capacity(class: usize) -> usize {
     let size = class_size(class);
@@ -262,23 +271,15 @@ struct Batch {
 /// its cut (`garbage_collect` all of it). Every slot is checked against its page before it
 /// enters (the check the page's own free list does), so a block freed with a wrong layout
 /// is still caught where a bin gives it back.
-struct Depot {
-    batches: [Batch; DEPOT_BATCHES],
-    len: usize,
-}
+/// A class's depot batches; their count is the class state's `depot_len`. Kept apart from
+/// the class states, in a mapping of their own made at a heap's first refill
+/// ([`SmallHeap::depots`]): a depot is 768 bytes and a class state one line, so a heap
+/// whose classes hold a few blocks (a scoped tag's) stays a few lines, packed with other
+/// tags' heaps, and only the depots in use become resident.
+type Depot = [Batch; DEPOT_BATCHES];
 
-impl Depot {
-    const fn new() -> Self {
-        Self {
-            batches: [Batch {
-                head: null_mut(),
-                tail: null_mut(),
-                since: 0,
-            }; DEPOT_BATCHES],
-            len: 0,
-        }
-    }
-}
+/// The depots of a heap's classes that have one.
+type Depots = [Depot; DEPOT_CLASSES];
 
 /// Per-class state, guarded by the class lock.
 pub(crate) struct ClassState {
@@ -290,7 +291,8 @@ pub(crate) struct ClassState {
     live_blocks: usize,
     allocations: u64,
     frees: u64,
-    depot: Depot,
+    /// Batches in the class's depot (see [`Depot`]).
+    depot_len: usize,
 }
 
 impl ClassState {
@@ -302,7 +304,7 @@ impl ClassState {
             live_blocks: 0,
             allocations: 0,
             frees: 0,
-            depot: Depot::new(),
+            depot_len: 0,
         }
     }
 
@@ -421,7 +423,7 @@ impl PagePool {
                     return null_mut();
                 }
                 super::addr_map::note_segment(base);
-                source.hint_huge_pages(base, SEGMENT_SIZE);
+                source.hint_huge_pages(base, SEGMENT_SIZE, self.segment_count * SEGMENT_SIZE);
                 // Before any block of the segment exists (fresh mappings read as zero, the
                 // heap's own tag).
                 if self.tag != 0 {
@@ -568,6 +570,9 @@ pub(crate) struct SmallHeap {
     pool: SpinLock<PagePool>,
     /// The tag of this heap's segments (checked builds ask every returned slot for it).
     tag: Tag,
+    /// The depots of the classes that have one (each guarded by its class's lock): null
+    /// until the heap's first refill of such a class maps them (zeroed: every depot empty).
+    depots: AtomicPtr<Depots>,
 }
 
 impl SmallHeap {
@@ -576,12 +581,67 @@ impl SmallHeap {
         Self::with_tag(0)
     }
 
+    /// Makes a heap of `tag` in zeroed memory by writing only its fields that are not zero
+    /// (the tags). Writing a whole [`with_tag`](Self::with_tag) value there would make every
+    /// page of the heap resident, used or not: its class states hold their depots
+    /// (about 45 KiB per heap), where a tag that uses a few classes touches a few lines.
+    ///
+    /// # Safety
+    /// `heap` is valid for writes of a `SmallHeap`, aligned, zeroed, and not shared yet.
+    pub(crate) unsafe fn init_zeroed(heap: *mut SmallHeap, tag: Tag) {
+        // SAFETY: all zeros is a valid `SmallHeap` (null pointers, zero counts, unlocked
+        // test-and-set flags, tag 0: what `with_tag(0)` holds, checked by
+        // `a_zeroed_heap_made_for_a_tag_is_the_heap_with_that_tag`); the caller owns it.
+        unsafe {
+            let heap = &mut *heap;
+            heap.tag = tag;
+            heap.pool.get_mut().tag = tag;
+        }
+    }
+
+    /// The depot of `class` (one with a depot: `depot_capacity(class) > 0`), `None` while
+    /// the heap has not mapped its depots.
+    ///
+    /// # Safety
+    /// The caller holds the class's lock, and no other reference to the depot is live.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn depot(&self, class: usize) -> Option<&mut Depot> {
+        let depots = self.depots.load(Acquire);
+        // SAFETY: a published mapping of `Depots`, live as long as the heap; the class lock
+        // gives one thread at a time each class's depot (caller's contract).
+        unsafe { depots.as_mut().map(|d| &mut d[class]) }
+    }
+
+    /// Maps the heap's depots if they are not yet (out of line: once per heap). Without
+    /// them (out of memory) bins give their blocks back to the pages.
+    #[cold]
+    #[inline(never)]
+    fn map_depots(&self, source: &impl PageSource) {
+        let len = size_of::<Depots>().next_multiple_of(source.granularity());
+        let fresh = source
+            .map(len, align_of::<Depots>().max(16), 0)
+            .cast::<Depots>();
+        if fresh.is_null() {
+            return;
+        }
+        // A fresh mapping reads as zero: null batches, every depot empty.
+        if self
+            .depots
+            .compare_exchange(null_mut(), fresh, Release, Relaxed)
+            .is_err()
+        {
+            // SAFETY: the mapping was just made here and nothing else refers to it.
+            unsafe { source.unmap(fresh.cast(), len) };
+        }
+    }
+
     /// A heap whose segments carry `tag`.
     pub(crate) const fn with_tag(tag: Tag) -> Self {
         Self {
             classes: [const { PaddedClass(SpinLock::new(ClassState::new())) }; CLASS_COUNT],
             pool: SpinLock::new(PagePool::new(tag)),
             tag,
+            depots: AtomicPtr::new(null_mut()),
         }
     }
 
@@ -644,16 +704,18 @@ impl SmallHeap {
         let mut head: *mut FreeSlot = null_mut();
         let mut tail: *mut FreeSlot = null_mut();
         let mut got = 0;
-        if max > 1 && splice != usize::MAX && st.depot.len > 0 {
+        if max > 1 && splice != usize::MAX && st.depot_len > 0 {
             // Whole batches from the depot, newest first, joined through their last slots;
             // the last batch may take the chain up to a batch past `max`. Only for bins
             // still ramping up (a bounded `splice`): a bin in steady use takes a page's
             // whole free list instead, without walking it either, and leaves the depot to
             // the ramping ones (a producer refilling from the depot the blocks its consumer
             // had just freed ran 11% slower: `prodcons`, medians of 15 paired runs).
-            while got < max && st.depot.len > 0 {
-                st.depot.len -= 1;
-                let batch = st.depot.batches[st.depot.len];
+            // SAFETY: the class lock is held (`st`); a class with batches has a depot.
+            let batches = unsafe { self.depot(class) }.expect("a depot with batches is mapped");
+            while got < max && st.depot_len > 0 {
+                st.depot_len -= 1;
+                let batch = batches[st.depot_len];
                 if tail.is_null() {
                     head = batch.head;
                 } else {
@@ -726,6 +788,12 @@ impl SmallHeap {
         }
         st.live_blocks += got;
         st.allocations += got as u64;
+        drop(st);
+        if got > 0 && class < DEPOT_CLASSES && self.depots.load(Relaxed).is_null() {
+            // The depots, once per heap, for the slots now handed out to come back into:
+            // after the refill, so that a source out of memory refuses the refill itself.
+            self.map_depots(source);
+        }
         (head, got)
     }
 
@@ -748,10 +816,20 @@ impl SmallHeap {
         let mut st = self.classes[class].0.lock();
         let mut slot = head;
         let mut left = count;
-        let room = depot_capacity(class);
+        let mut depot = if depot_capacity(class) > 0 {
+            // SAFETY: the class lock is held (`st`), and the depot is used only in this call.
+            unsafe { self.depot(class) }
+        } else {
+            None
+        };
+        let room = if depot.is_some() {
+            depot_capacity(class)
+        } else {
+            0
+        };
         // Whole batches into the depot while it has room (each slot checked as
         // `return_one` would), the rest into their pages.
-        while left >= DEPOT_BATCH && st.depot.len < room {
+        while left >= DEPOT_BATCH && st.depot_len < room {
             let first = slot;
             let mut last = slot;
             // SAFETY: the slots are free and ours (caller's contract); each is checked
@@ -765,13 +843,15 @@ impl SmallHeap {
                 slot = (*last).next;
                 (*last).next = null_mut();
             }
-            let len = st.depot.len;
-            st.depot.batches[len] = Batch {
+            let Some(batches) = depot.as_deref_mut() else {
+                break; // `room` is 0 without a depot: not reached
+            };
+            batches[st.depot_len] = Batch {
                 head: first,
                 tail: last,
                 since: stamp,
             };
-            st.depot.len += 1;
+            st.depot_len += 1;
             left -= DEPOT_BATCH;
         }
         for _ in 0..left {
@@ -816,11 +896,16 @@ impl SmallHeap {
     /// Threads the depot's batches idle since before `cut` back into their pages. Class
     /// lock held by the caller.
     fn drain_depot(&self, st: &mut ClassState, class: usize, cut: Cutoff, stamp: u64) {
+        if st.depot_len == 0 {
+            return;
+        }
+        // SAFETY: the class lock is held (`st`); a class with batches has a depot.
+        let batches = unsafe { self.depot(class) }.expect("a depot with batches is mapped");
         let mut kept = 0;
-        for i in 0..st.depot.len {
-            let batch = st.depot.batches[i];
+        for i in 0..st.depot_len {
+            let batch = batches[i];
             if !cut.covers(batch.since) {
-                st.depot.batches[kept] = batch;
+                batches[kept] = batch;
                 kept += 1;
                 continue;
             }
@@ -835,7 +920,7 @@ impl SmallHeap {
                 }
             }
         }
-        st.depot.len = kept;
+        st.depot_len = kept;
     }
 
     /// Puts one slot back into its page. Class lock held by the caller.
@@ -916,6 +1001,33 @@ impl SmallHeap {
             }
         }
         self.pool.lock().collect(cut, source);
+        if cut.is_all() {
+            self.unmap_empty_depots(source);
+        }
+    }
+
+    /// Gives the depots' mapping back if every depot is empty (after `garbage_collect`
+    /// drained them), so that a collected heap holds no mapping at all; the next refill maps
+    /// them again. Takes every class lock, in order, as `lock_all` does: no class may be
+    /// using its depot meanwhile.
+    fn unmap_empty_depots(&self, source: &impl PageSource) {
+        if self.depots.load(Relaxed).is_null() {
+            return;
+        }
+        let held: [_; CLASS_COUNT] = core::array::from_fn(|c| self.classes[c].0.lock());
+        let depots = if held.iter().all(|st| st.depot_len == 0) {
+            self.depots.swap(null_mut(), Relaxed)
+        } else {
+            null_mut()
+        };
+        drop(held);
+        if !depots.is_null() {
+            let len = size_of::<Depots>().next_multiple_of(source.granularity());
+            // SAFETY: mapped by `map_depots` with this length and unpublished above while
+            // every class lock was held and every depot empty: nothing refers to it, and a
+            // class finds no depot from now on until one is mapped again.
+            unsafe { source.unmap(depots.cast(), len) };
+        }
     }
 
     /// Takes every lock of the small heap (before `fork()`).
@@ -968,6 +1080,13 @@ impl SmallHeap {
             *class.0.get_mut() = ClassState::new();
         }
         self.pool.get_mut().release_all(source);
+        let depots = core::mem::replace(self.depots.get_mut(), null_mut());
+        if !depots.is_null() {
+            let len = size_of::<Depots>().next_multiple_of(source.granularity());
+            // SAFETY: mapped by `map_depots` with this length; every class state was reset,
+            // so nothing refers to a batch.
+            unsafe { source.unmap(depots.cast(), len) };
+        }
     }
 
     /// Checks the page lists of every class.
@@ -1272,6 +1391,76 @@ mod depot_tests {
         (0..CLASS_COUNT).find(|&c| class_size(c) == 64).unwrap()
     }
 
+    /// The classes with room in a depot are exactly those with a depot in the heap.
+    #[test]
+    fn depot_classes_are_the_classes_with_room() {
+        for class in 0..CLASS_COUNT {
+            assert_eq!(
+                depot_capacity(class) > 0,
+                class < DEPOT_CLASSES,
+                "class {class}"
+            );
+        }
+    }
+
+    /// `init_zeroed` in zeroed memory makes what `with_tag` makes: every field the same, and
+    /// a heap that serves blocks on segments of its tag.
+    #[test]
+    fn a_zeroed_heap_made_for_a_tag_is_the_heap_with_that_tag() {
+        let layout = std::alloc::Layout::new::<SmallHeap>();
+        // SAFETY: a non-zero-sized layout.
+        let zeroed = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<SmallHeap>();
+        assert!(!zeroed.is_null());
+        // SAFETY: zeroed, aligned and unshared memory for one heap.
+        unsafe { SmallHeap::init_zeroed(zeroed, 5) };
+        // SAFETY: initialised just above; freed at the end of the test only.
+        let made = unsafe { &mut *zeroed };
+        let mut expected = SmallHeap::with_tag(5);
+        assert_eq!(made.tag, expected.tag);
+        let (a, b) = (made.pool.get_mut(), expected.pool.get_mut());
+        assert_eq!(
+            (
+                a.free,
+                a.free_count,
+                a.cursor,
+                a.segments,
+                a.segment_count,
+                a.tag
+            ),
+            (
+                b.free,
+                b.free_count,
+                b.cursor,
+                b.segments,
+                b.segment_count,
+                b.tag
+            )
+        );
+        for (a, b) in made.classes.iter_mut().zip(expected.classes.iter_mut()) {
+            assert!(a.0.try_lock().is_some(), "a class lock starts held");
+            let (a, b) = (a.0.get_mut(), b.0.get_mut());
+            assert_eq!(
+                (a.partial, a.partial_count, a.pages, a.live_blocks),
+                (b.partial, b.partial_count, b.pages, b.live_blocks)
+            );
+            assert_eq!((a.allocations, a.frees), (b.allocations, b.frees));
+            assert_eq!(a.depot_len, b.depot_len);
+        }
+        assert!(made.depots.get_mut().is_null() && expected.depots.get_mut().is_null());
+        let source = HeapPages::default();
+        let class = class_of_64();
+        let block = made.allocate(class, &source);
+        assert!(!block.is_null());
+        // SAFETY: a live small block of `made`.
+        assert_eq!(unsafe { segment_tag(block) }, 5);
+        // SAFETY: freed once, with its class.
+        unsafe { made.free(block, class, 0) };
+        made.validate().unwrap();
+        made.release_all(&source);
+        // SAFETY: allocated above with `layout`; the heap holds nothing now.
+        unsafe { std::alloc::dealloc(zeroed.cast(), layout) };
+    }
+
     /// Whole batches given back wait in the depot, counted free, and the next refill takes
     /// them whole (the same slots, newest batch first); the odd rest goes into its pages.
     #[test]
@@ -1288,7 +1477,7 @@ mod depot_tests {
         unsafe { heap.return_slots(class, chain(&slots), n, 0) };
         let st = heap.stats();
         assert_eq!((st.live_blocks, st.frees), (0, n as u64));
-        assert_eq!(heap.classes[class].0.lock().depot.len, 2);
+        assert_eq!(heap.classes[class].0.lock().depot_len, 2);
         heap.validate().unwrap();
 
         // A refill of one batch takes the newest: the second batch given back.
@@ -1303,7 +1492,7 @@ mod depot_tests {
         let taken: HashSet<_> = walk(head, got).into_iter().collect();
         assert_eq!(taken, slots[..2 * DEPOT_BATCH].iter().copied().collect());
         assert_eq!(heap.stats().live_blocks, 2 * DEPOT_BATCH);
-        assert_eq!(heap.classes[class].0.lock().depot.len, 0);
+        assert_eq!(heap.classes[class].0.lock().depot_len, 0);
         // SAFETY: as above.
         unsafe { heap.return_slots(class, head, got, 0) };
     }
@@ -1322,15 +1511,15 @@ mod depot_tests {
         assert_eq!(got, n);
         // SAFETY: just handed out, free again.
         unsafe { heap.return_slots(class, head, got, 5) };
-        assert_eq!(heap.classes[class].0.lock().depot.len, room);
+        assert_eq!(heap.classes[class].0.lock().depot_len, room);
         assert!(room * DEPOT_BATCH * class_size(class) <= DEPOT_BYTES);
         assert_eq!(heap.stats().live_blocks, 0);
         heap.validate().unwrap();
         // A purge whose cut does not cover the batches keeps them.
         heap.purge(Cutoff { before: 5 }, 6, &source);
-        assert_eq!(heap.classes[class].0.lock().depot.len, room);
+        assert_eq!(heap.classes[class].0.lock().depot_len, room);
         heap.purge(Cutoff::ALL, 6, &source);
-        assert_eq!(heap.classes[class].0.lock().depot.len, 0);
+        assert_eq!(heap.classes[class].0.lock().depot_len, 0);
         heap.validate().unwrap();
         let st = heap.stats();
         assert_eq!((st.live_blocks, st.class_pages, st.segments), (0, 0, 0));
@@ -1349,7 +1538,7 @@ mod depot_tests {
         assert_eq!(got, DEPOT_BATCH);
         // SAFETY: just handed out, free again.
         unsafe { heap.return_slots(class, head, got, 0) };
-        assert_eq!(heap.classes[class].0.lock().depot.len, 0);
+        assert_eq!(heap.classes[class].0.lock().depot_len, 0);
         heap.validate().unwrap();
     }
 }

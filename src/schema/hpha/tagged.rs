@@ -103,7 +103,7 @@ impl TaggedHeaps {
         }
         let heap = slabs.carve(source)?;
         // SAFETY: fresh zeroed memory big and aligned enough for a `SmallHeap`, not shared.
-        unsafe { heap.write(SmallHeap::with_tag(tag)) };
+        unsafe { SmallHeap::init_zeroed(heap, tag) };
         entry.store(heap, Release);
         // SAFETY: just written and published; never freed before the table.
         Some(unsafe { &*heap })
