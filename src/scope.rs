@@ -54,7 +54,6 @@ use crate::registry::Registration;
 use crate::schema::hpha::Tag;
 use crate::thread_cache;
 use core::future::Future;
-use core::marker::PhantomData;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 
@@ -76,13 +75,16 @@ use core::task::{Context, Poll};
 #[must_use = "the tag is left when the guard drops"]
 pub struct TagGuard {
     previous: Tag,
-    _not_send: PhantomData<*const ()>,
+    /// The entering thread's cache, where the tag is left (the guard never leaves that
+    /// thread: the pointer also makes it `!Send`).
+    cache: thread_cache::CacheRef,
 }
 
 impl Drop for TagGuard {
     #[inline]
     fn drop(&mut self) {
-        thread_cache::enter(self.previous);
+        // SAFETY: `cache` came from `enter_scope` on this thread (the guard is `!Send`).
+        unsafe { thread_cache::leave_scope(self.cache, self.previous) };
     }
 }
 
@@ -112,10 +114,8 @@ pub fn enter<B: BlockAllocator>() -> TagGuard {
 /// Enters `tag` (0: none) on the calling thread.
 #[inline]
 fn enter_tag(tag: Tag) -> TagGuard {
-    TagGuard {
-        previous: thread_cache::enter_scope(tag),
-        _not_send: PhantomData,
-    }
+    let (previous, cache) = thread_cache::enter_scope(tag);
+    TagGuard { previous, cache }
 }
 
 /// The tag a scope of `registration` enters: its own, claimed on first use. A child that

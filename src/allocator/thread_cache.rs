@@ -760,6 +760,20 @@ impl ThreadCache {
         }
     }
 
+    /// Enters `previous` again as a scope closes (0: none). As [`enter`](Self::enter), but
+    /// no tag, the usual case, is tested first: its lane is always lane 0 (whose bit in
+    /// `lanes_used` is never cleared), so the bits need no look.
+    #[inline(always)]
+    fn leave(&self, previous: Tag) {
+        self.current_tag.set(previous);
+        let lane = if previous == 0 {
+            &self.lanes[0]
+        } else {
+            self.lane_for_scope(previous)
+        };
+        self.current.set(lane);
+    }
+
     /// Enters `tag` on this thread (0: none); returns the tag it replaces.
     #[inline(always)]
     fn enter(&self, tag: Tag) -> Tag {
@@ -1478,24 +1492,30 @@ pub(crate) fn take_guard_request(tag: Tag) -> bool {
     })
 }
 
-/// Enters `tag` on the calling thread (0: none); returns the tag it replaces.
-#[inline(always)]
-pub(crate) fn enter(tag: Tag) -> Tag {
-    with_cache(|tc| tc.enter(tag))
-}
-
-/// [`enter`] for a scope being opened: first marks tags as in use if `tag` is a child's and
+/// Enters `tag` on the calling thread for a scope being opened (0: none): first marks tags as in use if `tag` is a child's and
 /// they are not yet. The cache's own lane 0 says so in one test (its hooks hold
 /// [`HOOK_TAGS`] once tags are in use and the cache is registered); anything else asks the
-/// global flag out of line.
+/// global flag out of line. Returns the tag replaced and the cache, for [`leave_scope`].
 #[inline(always)]
-pub(crate) fn enter_scope(tag: Tag) -> Tag {
+pub(crate) fn enter_scope(tag: Tag) -> (Tag, CacheRef) {
     with_cache(|tc| {
         if tc.system().hooks.load(Relaxed) & HOOK_TAGS == 0 {
             enable_tags_for(tag);
         }
-        tc.enter(tag)
+        (tc.enter(tag), ptr::from_ref(tc))
     })
+}
+
+/// Closes a scope: enters `previous` again on the cache [`enter_scope`] returned, without
+/// finding the cache a second time.
+///
+/// # Safety
+/// `tc` is what `enter_scope` returned on the calling thread (a thread's cache lives as long
+/// as the thread).
+#[inline(always)]
+pub(crate) unsafe fn leave_scope(tc: CacheRef, previous: Tag) {
+    // SAFETY: the calling thread's own cache (caller's contract).
+    unsafe { (*tc).leave(previous) };
 }
 
 /// [`enter_scope`]'s check when the cache's hooks do not show tags in use (out of line, so
