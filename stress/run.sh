@@ -12,8 +12,8 @@
 #   fork      fork while other threads allocate, STRESS_FORKS rounds (default 1000)
 #   valgrind  every test binary (and the demo) under valgrind memcheck, if installed
 #   tsan      every test binary and the examples built with ThreadSanitizer (nightly with
-#             rust-src); skips fork, fork_pools (TSan cannot fork a threaded process) and
-#             purge (its RSS checks count TSan's shadow memory)
+#             rust-src); skips fork, fork_pools (TSan cannot fork a threaded process),
+#             purge and tag_memory (their RSS checks count TSan's shadow memory)
 #   miri      Miri on every pure-algorithm module, the HPHA heap's tests included
 #   loom      the loom models (loom/) with up to STRESS_LOOM_PREEMPTIONS preemptions
 #             (default 10; CI runs 5)
@@ -175,7 +175,7 @@ stage_tsan() {
     [ -n "$path" ] || continue
     local name
     name=$(basename "$path" | sed -E 's/-[0-9a-f]{16}$//')
-    case $name in fork | fork_pools | purge) continue ;; esac
+    case $name in fork | fork_pools | purge | tag_memory) continue ;; esac
     local log=$logs/tsan_$name.log started=$SECONDS
     # allocator_may_return_null: some tests ask `System` for impossible sizes on purpose.
     # TAGALLOC_TEST_NO_FORK: tests that also fork (scoped_threads) skip their forks here.
