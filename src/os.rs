@@ -19,11 +19,13 @@ const HUGE_PAGE: usize = 2 * 1024 * 1024;
 /// [`HugePages::Auto`]'s threshold: small programs keep a small resident set.
 const HUGE_PAGES_AUTO_FROM: usize = 8 * 1024 * 1024;
 
-/// [`HugePages::Auto`]'s threshold for the heap that asks: what it mapped itself before.
-/// A heap used lightly (a scoped tag's first segment or chunk, in a program already past
-/// [`HUGE_PAGES_AUTO_FROM`]) would otherwise turn a few KiB in use into a resident 2 MiB
-/// huge page: 64 tags, 128 MiB.
-const HUGE_PAGES_AUTO_OWNER_FROM: usize = 4 * 1024 * 1024;
+/// The heap that asks must have mapped half the process's threshold itself (4 MiB under
+/// [`HugePages::Auto`], nothing under `Always`): a heap used lightly (a scoped tag's first
+/// segment or chunk, in a program already past [`HUGE_PAGES_AUTO_FROM`]) would otherwise
+/// turn a few KiB in use into a resident 2 MiB huge page: 64 tags, 128 MiB.
+const fn owner_threshold(process_threshold: usize) -> usize {
+    process_threshold / 2
+}
 
 /// This thread's CPU time in nanoseconds (0 if the clock cannot be read).
 #[cfg(target_os = "linux")]
@@ -148,8 +150,6 @@ pub const HUGE_PAGE_STALLS_TO_STOP: usize = 2;
 /// Bytes the OS layer must map before it asks for huge pages; `usize::MAX`: never. The
 /// default is [`HugePages::Auto`]'s.
 static HUGE_PAGES_FROM: AtomicUsize = AtomicUsize::new(HUGE_PAGES_AUTO_FROM);
-/// Bytes the asking heap must have mapped itself (see [`HUGE_PAGES_AUTO_OWNER_FROM`]).
-static HUGE_PAGES_OWNER_FROM: AtomicUsize = AtomicUsize::new(HUGE_PAGES_AUTO_OWNER_FROM);
 static HUGE_PAGE_HINTS: AtomicUsize = AtomicUsize::new(0);
 static HUGE_PAGE_STALLS: AtomicUsize = AtomicUsize::new(0);
 
@@ -204,12 +204,11 @@ impl OsAllocator {
     /// 8 MiB are mapped and the heap that grows has mapped 4 MiB itself,
     /// [`HugePages::Always`] from the first mapping.
     pub fn set_huge_pages(mode: HugePages) {
-        let (from, owner_from) = match mode {
-            HugePages::Auto => (HUGE_PAGES_AUTO_FROM, HUGE_PAGES_AUTO_OWNER_FROM),
-            HugePages::Always => (0, 0),
-            HugePages::Never => (usize::MAX, usize::MAX),
+        let from = match mode {
+            HugePages::Auto => HUGE_PAGES_AUTO_FROM,
+            HugePages::Always => 0,
+            HugePages::Never => usize::MAX,
         };
-        HUGE_PAGES_OWNER_FROM.store(owner_from, Relaxed);
         HUGE_PAGES_FROM.store(from, Relaxed);
     }
 
@@ -218,8 +217,9 @@ impl OsAllocator {
     /// thresholds, and huge pages have not stalled too often.
     #[cfg(target_os = "linux")]
     fn huge_pages_wanted(len: usize, owner_mapped: usize) -> bool {
-        MAPPED.load(Relaxed).saturating_sub(len) >= HUGE_PAGES_FROM.load(Relaxed)
-            && owner_mapped >= HUGE_PAGES_OWNER_FROM.load(Relaxed)
+        let from = HUGE_PAGES_FROM.load(Relaxed);
+        MAPPED.load(Relaxed).saturating_sub(len) >= from
+            && owner_mapped >= owner_threshold(from)
             && HUGE_PAGE_STALLS.load(Relaxed) < HUGE_PAGE_STALLS_TO_STOP
     }
 

@@ -1492,10 +1492,11 @@ pub(crate) fn take_guard_request(tag: Tag) -> bool {
     })
 }
 
-/// Enters `tag` on the calling thread for a scope being opened (0: none): first marks tags as in use if `tag` is a child's and
-/// they are not yet. The cache's own lane 0 says so in one test (its hooks hold
-/// [`HOOK_TAGS`] once tags are in use and the cache is registered); anything else asks the
-/// global flag out of line. Returns the tag replaced and the cache, for [`leave_scope`].
+/// Enters `tag` on the calling thread for a scope being opened (0: none): first marks tags
+/// as in use if `tag` is a child's and they are not yet. The cache's own lane 0 says so in
+/// one test (its hooks hold [`HOOK_TAGS`] once tags are in use and the cache is registered);
+/// anything else asks the global flag out of line. Returns the tag replaced and the cache,
+/// for [`leave_scope`].
 #[inline(always)]
 pub(crate) fn enter_scope(tag: Tag) -> (Tag, CacheRef) {
     with_cache(|tc| {

@@ -271,7 +271,8 @@ struct Batch {
 /// its cut (`garbage_collect` all of it). Every slot is checked against its page before it
 /// enters (the check the page's own free list does), so a block freed with a wrong layout
 /// is still caught where a bin gives it back.
-/// A class's depot batches; their count is the class state's `depot_len`. Kept apart from
+///
+/// A depot's batches are counted by its class state's `depot_len`, and kept apart from
 /// the class states, in a mapping of their own made at a heap's first refill
 /// ([`SmallHeap::depots`]): a depot is 768 bytes and a class state one line, so a heap
 /// whose classes hold a few blocks (a scoped tag's) stays a few lines, packed with other
@@ -599,8 +600,8 @@ impl SmallHeap {
         }
     }
 
-    /// The depot of `class` (one with a depot: `depot_capacity(class) > 0`), `None` while
-    /// the heap has not mapped its depots.
+    /// The depot of `class`; `None` for a class without one, or while the heap has not
+    /// mapped its depots.
     ///
     /// # Safety
     /// The caller holds the class's lock, and no other reference to the depot is live.
@@ -609,7 +610,7 @@ impl SmallHeap {
         let depots = self.depots.load(Acquire);
         // SAFETY: a published mapping of `Depots`, live as long as the heap; the class lock
         // gives one thread at a time each class's depot (caller's contract).
-        unsafe { depots.as_mut().map(|d| &mut d[class]) }
+        unsafe { depots.as_mut()?.get_mut(class) }
     }
 
     /// Maps the heap's depots if they are not yet (out of line: once per heap). Without
@@ -617,22 +618,29 @@ impl SmallHeap {
     #[cold]
     #[inline(never)]
     fn map_depots(&self, source: &impl PageSource) {
-        let len = size_of::<Depots>().next_multiple_of(source.granularity());
-        let fresh = source
-            .map(len, align_of::<Depots>().max(16), 0)
-            .cast::<Depots>();
-        if fresh.is_null() {
-            return;
-        }
         // A fresh mapping reads as zero: null batches, every depot empty.
+        let Some(fresh) = super::tagged::map_zeroed::<Depots>(source) else {
+            return;
+        };
         if self
             .depots
             .compare_exchange(null_mut(), fresh, Release, Relaxed)
             .is_err()
         {
             // SAFETY: the mapping was just made here and nothing else refers to it.
-            unsafe { source.unmap(fresh.cast(), len) };
+            unsafe { Self::unmap_depots(fresh, source) };
         }
+    }
+
+    /// Gives back a mapping of depots made by [`map_depots`](Self::map_depots).
+    ///
+    /// # Safety
+    /// Nothing refers to `depots` any more.
+    unsafe fn unmap_depots(depots: *mut Depots, source: &impl PageSource) {
+        let len = super::tagged::mapping_len::<Depots>(source);
+        // SAFETY: mapped by `map_zeroed::<Depots>` with this length; unused (the caller's
+        // contract).
+        unsafe { source.unmap(depots.cast(), len) };
     }
 
     /// A heap whose segments carry `tag`.
@@ -816,19 +824,14 @@ impl SmallHeap {
         let mut st = self.classes[class].0.lock();
         let mut slot = head;
         let mut left = count;
-        let mut depot = if depot_capacity(class) > 0 {
-            // SAFETY: the class lock is held (`st`), and the depot is used only in this call.
-            unsafe { self.depot(class) }
-        } else {
-            None
-        };
-        let room = if depot.is_some() {
-            depot_capacity(class)
-        } else {
-            0
-        };
         // Whole batches into the depot while it has room (each slot checked as
         // `return_one` would), the rest into their pages.
+        // SAFETY: the class lock is held (`st`), and the depot is used only in this call.
+        let batches: &mut [Batch] = match unsafe { self.depot(class) } {
+            Some(depot) => depot,
+            None => &mut [],
+        };
+        let room = depot_capacity(class).min(batches.len());
         while left >= DEPOT_BATCH && st.depot_len < room {
             let first = slot;
             let mut last = slot;
@@ -843,9 +846,6 @@ impl SmallHeap {
                 slot = (*last).next;
                 (*last).next = null_mut();
             }
-            let Some(batches) = depot.as_deref_mut() else {
-                break; // `room` is 0 without a depot: not reached
-            };
             batches[st.depot_len] = Batch {
                 head: first,
                 tail: last,
@@ -1022,11 +1022,10 @@ impl SmallHeap {
         };
         drop(held);
         if !depots.is_null() {
-            let len = size_of::<Depots>().next_multiple_of(source.granularity());
-            // SAFETY: mapped by `map_depots` with this length and unpublished above while
-            // every class lock was held and every depot empty: nothing refers to it, and a
-            // class finds no depot from now on until one is mapped again.
-            unsafe { source.unmap(depots.cast(), len) };
+            // SAFETY: unpublished above while every class lock was held and every depot
+            // empty: nothing refers to it, and a class finds no depot from now on until one
+            // is mapped again.
+            unsafe { Self::unmap_depots(depots, source) };
         }
     }
 
@@ -1082,10 +1081,8 @@ impl SmallHeap {
         self.pool.get_mut().release_all(source);
         let depots = core::mem::replace(self.depots.get_mut(), null_mut());
         if !depots.is_null() {
-            let len = size_of::<Depots>().next_multiple_of(source.granularity());
-            // SAFETY: mapped by `map_depots` with this length; every class state was reset,
-            // so nothing refers to a batch.
-            unsafe { source.unmap(depots.cast(), len) };
+            // SAFETY: every class state was reset, so nothing refers to a batch.
+            unsafe { Self::unmap_depots(depots, source) };
         }
     }
 

@@ -207,12 +207,12 @@ impl Slabs {
 }
 
 /// The bytes mapped for one `T`.
-fn mapping_len<T>(source: &impl PageSource) -> usize {
+pub(super) fn mapping_len<T>(source: &impl PageSource) -> usize {
     size_of::<T>().next_multiple_of(source.granularity())
 }
 
 /// A fresh zeroed mapping for one `T`; `None` when the source is out of memory.
-fn map_zeroed<T>(source: &impl PageSource) -> Option<*mut T> {
+pub(super) fn map_zeroed<T>(source: &impl PageSource) -> Option<*mut T> {
     const { assert!(align_of::<T>() <= 4096) };
     let p = source.map(mapping_len::<T>(source), align_of::<T>().max(16), 0);
     (!p.is_null()).then(|| p.cast())
