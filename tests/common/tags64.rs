@@ -26,19 +26,19 @@ pub fn untagged_blocks() -> Vec<Vec<u8>> {
 }
 
 /// Each tag entered in turn, holding one block of each size: what the caller keeps alive.
+/// The vectors that hold them are made outside the scopes, so each tag holds exactly its
+/// 10 blocks (a list made inside would be an 11th block, of a class of its own).
 pub fn one_block_of_each_class_in_each_tag() -> Vec<Vec<Vec<u8>>> {
-    ENTER
-        .iter()
-        .map(|enter| {
-            let _tag = enter();
-            SIZES
-                .iter()
-                .map(|&s| {
-                    let mut v = Vec::with_capacity(s);
-                    v.push(1u8);
-                    v
-                })
-                .collect()
-        })
-        .collect()
+    let mut held: Vec<Vec<Vec<u8>>> = (0..ENTER.len())
+        .map(|_| Vec::with_capacity(SIZES.len()))
+        .collect();
+    for (enter, blocks) in ENTER.iter().zip(&mut held) {
+        let _tag = enter();
+        for &s in &SIZES {
+            let mut v = Vec::with_capacity(s);
+            v.push(1u8);
+            blocks.push(v);
+        }
+    }
+    held
 }
