@@ -124,8 +124,14 @@ impl DynamicLanes {
 
 /// Free lanes and tables of every thread, kept in the registry's list.
 pub(super) struct LanePool {
+    /// Lanes given back by exited threads, linked through [`Lane::next`].
     lanes: *mut Lane,
     tables: *mut LaneTable,
+    /// The part of the newest lane slab not handed out yet (`fresh_left` lanes from
+    /// `fresh`): a lane is written only when it is taken, so the slab's untaken lanes stay
+    /// untouched memory (a lane is about 5 KiB).
+    fresh: *mut Lane,
+    fresh_left: usize,
 }
 
 impl LanePool {
@@ -133,31 +139,36 @@ impl LanePool {
         Self {
             lanes: null_mut(),
             tables: null_mut(),
+            fresh: null_mut(),
+            fresh_left: 0,
         }
     }
 }
 
 impl ThreadList {
-    /// A fresh lane from the pool (a new slab mapped when it is empty).
+    /// A fresh lane: one given back, else the next of the newest slab (a new slab mapped
+    /// when that is used up).
     fn take_lane(&mut self) -> Option<*mut Lane> {
-        if self.pool.lanes.is_null() {
-            let slab = map_slab()?;
-            for i in 0..SLAB / size_of::<Lane>() {
-                // SAFETY: the slab is fresh, aligned for lanes (`map_slab`), and holds them.
-                unsafe {
-                    let lane = slab.cast::<Lane>().add(i);
-                    lane.write(Lane::new(HOOKS_UNREGISTERED));
-                    (*lane).next.store(self.pool.lanes, Relaxed);
-                    self.pool.lanes = lane;
-                }
+        let lane = if !self.pool.lanes.is_null() {
+            let lane = self.pool.lanes;
+            // SAFETY: pooled lanes are valid and owned by the pool; this one leaves it.
+            self.pool.lanes = unsafe { (*lane).next.load(Relaxed) };
+            lane
+        } else {
+            if self.pool.fresh_left == 0 {
+                self.pool.fresh = map_slab()?.cast();
+                self.pool.fresh_left = SLAB / size_of::<Lane>();
             }
-        }
-        let lane = self.pool.lanes;
-        // SAFETY: pooled lanes are valid and owned by the pool; this one leaves it, reset.
-        unsafe {
-            self.pool.lanes = (*lane).next.load(Relaxed);
-            lane.write(Lane::new(HOOKS_UNREGISTERED));
-        }
+            let lane = self.pool.fresh;
+            // SAFETY: `fresh` has `fresh_left` (at least one) lanes' room left in a slab
+            // mapped for lanes (`map_slab`); the next one follows it or the count ends.
+            self.pool.fresh = unsafe { lane.add(1) };
+            self.pool.fresh_left -= 1;
+            lane
+        };
+        // SAFETY: the lane's memory is the pool's, aligned for a lane, and now this caller's;
+        // it is reset whole.
+        unsafe { lane.write(Lane::new(HOOKS_UNREGISTERED)) };
         Some(lane)
     }
 
