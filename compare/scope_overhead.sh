@@ -2,7 +2,8 @@
 # What a scoped tag costs a small alloc+free pair through the global allocator, measured
 # side by side: `examples/scope_pairs.rs` in one process per mode, the modes interleaved
 # round by round so that a noisy neighbour slows them alike. Prints the median and minimum
-# ns per pair of each mode and the ratios of the medians to `untagged` (a process that never
+# ns of the timed thread's CPU time per pair of each mode (time another process holds the
+# CPU is not counted) and the ratios of the medians to `untagged` (a process that never
 # enters a tag).
 #
 #   bash compare/scope_overhead.sh        # 21 rounds
@@ -34,4 +35,4 @@ for m in $modes; do
   ratio=$(awk -v a="$med" -v b="$base" 'BEGIN {printf "%.3f", a / b}')
   printf '%-12s %10s %10s %14s\n' "$m" "$med" "$min" "$ratio"
 done
-echo "($rounds interleaved rounds of $pairs pairs; ns per pair; 'enter' is one enter+leave)"
+echo "($rounds interleaved rounds of $pairs pairs; ns of thread CPU time per pair; 'enter' is one enter+leave)"
