@@ -120,27 +120,37 @@ fn enter_tag(tag: Tag) -> TagGuard {
 
 /// The tag a scope of `registration` enters: its own, claimed on first use. A child that
 /// found no tag left (past [`MAX_TAGS`](crate::schema::hpha::MAX_TAGS)) counts its scoped
-/// allocations in its nearest ancestor that has one (or the `SystemAllocator`).
+/// allocations in its nearest ancestor that has one (or the `SystemAllocator`). One load once
+/// the allocator's first scope was entered.
 #[inline]
 fn tag_of(registration: &'static Registration) -> Tag {
-    match registration.counters().tag() {
-        Some(tag) => tag,
-        None => tag_of_slow(registration),
+    match registration.counters().scope_tag() {
+        0 => tag_of_slow(registration),
+        tag => tag,
     }
 }
 
+/// [`tag_of`] on an allocator's first scope: claims its tag, and marks tags as in use
+/// before the first scoped allocation (from then on every thread's free fast path asks a
+/// block for its tag), then keeps the tag for the next scopes.
 #[cold]
 #[inline(never)]
 fn tag_of_slow(registration: &'static Registration) -> Tag {
     lanes::claim(registration);
     let mut entry = Some(registration);
+    let mut tag = 0;
     while let Some(r) = entry {
-        if let Some(tag) = r.counters().tag() {
-            return tag;
+        if let Some(own) = r.counters().tag() {
+            tag = own;
+            break;
         }
         entry = r.parent();
     }
-    0
+    if tag != 0 {
+        thread_cache::enable_tags();
+        registration.counters().set_scope_tag(tag);
+    }
+    tag
 }
 
 /// Runs `f` with no tag entered: its global allocations are the `SystemAllocator`'s own

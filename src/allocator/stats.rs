@@ -79,7 +79,7 @@ use crate::lanes;
 use crate::schema::hpha::Tag;
 use crate::thread_cache;
 use core::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicUsize,
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 
@@ -174,6 +174,10 @@ pub struct Counters {
     /// [`TAG_NONE`] if none was left, else the tag, which names its lane in every thread
     /// cache and the heap segments its small blocks come from.
     tag: AtomicU32,
+    /// The tag a scope of this allocator enters (its own, or its nearest ancestor's when it
+    /// has none), once a scope of it was first entered, which also marked tags as in use;
+    /// 0 before (see `crate::scope`).
+    scope_tag: AtomicU16,
     /// Whether some lane's blocks are in this allocator's figures: its own, or those of a
     /// child below it (`lanes::tags_below` says which).
     lanes_below: AtomicBool,
@@ -314,6 +318,7 @@ impl Counters {
             route: AtomicU32::new(UNSET),
             lane: AtomicUsize::new(0),
             tag: AtomicU32::new(TAG_UNCLAIMED),
+            scope_tag: AtomicU16::new(0),
             lanes_below: AtomicBool::new(false),
             lanes_closed_for_budget: AtomicBool::new(false),
             big_holders: AtomicU32::new(0),
@@ -366,6 +371,17 @@ impl Counters {
             self.lane.store(offset, Relaxed);
         }
         self.tag.store(tag.map_or(TAG_NONE, u32::from), Release);
+    }
+
+    /// The tag a scope of this allocator enters; 0 until one was first entered.
+    #[inline(always)]
+    pub(crate) fn scope_tag(&self) -> Tag {
+        self.scope_tag.load(Acquire)
+    }
+
+    /// Records the tag a scope of this allocator enters, once tags are marked in use.
+    pub(crate) fn set_scope_tag(&self, tag: Tag) {
+        self.scope_tag.store(tag, Release);
     }
 
     /// Includes a lane in this allocator's figures from now on (its own, or a child's).

@@ -1497,19 +1497,12 @@ pub(crate) fn take_guard_request(tag: Tag) -> bool {
     })
 }
 
-/// Enters `tag` on the calling thread for a scope being opened (0: none): first marks tags
-/// as in use if `tag` is a child's and they are not yet. The cache's own lane 0 says so in
-/// one test (its hooks hold [`HOOK_TAGS`] once tags are in use and the cache is registered);
-/// anything else asks the global flag out of line. Returns the tag replaced and the cache,
-/// for [`leave_scope`].
+/// Enters `tag` on the calling thread for a scope being opened (0: none). Tags are marked
+/// in use already (`crate::scope` does it at an allocator's first scope). Returns the tag
+/// replaced and the cache, for [`leave_scope`].
 #[inline(always)]
 pub(crate) fn enter_scope(tag: Tag) -> (Tag, CacheRef) {
-    with_cache(|tc| {
-        if tc.system().hooks.load(Relaxed) & HOOK_TAGS == 0 {
-            enable_tags_for(tag);
-        }
-        (tc.enter(tag), ptr::from_ref(tc))
-    })
+    with_cache(|tc| (tc.enter(tag), ptr::from_ref(tc)))
 }
 
 /// Closes a scope: enters `previous` again on the cache [`enter_scope`] returned, without
@@ -1522,17 +1515,6 @@ pub(crate) fn enter_scope(tag: Tag) -> (Tag, CacheRef) {
 pub(crate) unsafe fn leave_scope(tc: CacheRef, previous: Tag) {
     // SAFETY: the calling thread's own cache (caller's contract).
     unsafe { (*tc).leave(previous) };
-}
-
-/// [`enter_scope`]'s check when the cache's hooks do not show tags in use (out of line, so
-/// the tag's test stays off the path of a cache that shows them; [`enable_tags`] asks the
-/// global flag).
-#[cold]
-#[inline(never)]
-fn enable_tags_for(tag: Tag) {
-    if tag != 0 {
-        enable_tags();
-    }
 }
 
 /// The tag entered on the calling thread (0: none).
