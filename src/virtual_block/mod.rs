@@ -784,7 +784,13 @@ impl<U> VirtualBlock<U> {
         // Requests without tag and name (decided at compile time for most call sites) pass
         // their fields in registers, and the request itself need not be built in memory.
         let (offset, key) = if req.tag.is_none() && req.name.is_none() {
-            self.allocate_plain(req.size, req.align, req.strategy, req.upper, user)
+            // The default strategy has a core of its own, where the strategy is a constant:
+            // no jump table on it on every allocation.
+            if req.strategy == Strategy::Balanced {
+                self.allocate_balanced(req.size, req.align, req.upper, user)
+            } else {
+                self.allocate_plain(req.size, req.align, req.strategy, req.upper, user)
+            }
         } else {
             self.allocate_labelled(req, user)
         };
@@ -813,6 +819,20 @@ impl<U> VirtualBlock<U> {
             size,
             align,
             strategy,
+            upper,
+            tag: None,
+            name: None,
+        };
+        self.allocate_core(&req, user)
+    }
+
+    /// [`allocate_plain`](Self::allocate_plain) with [`Strategy::Balanced`].
+    #[inline(never)]
+    fn allocate_balanced(&mut self, size: u64, align: u64, upper: bool, user: U) -> (u64, u64) {
+        let req = Request {
+            size,
+            align,
+            strategy: Strategy::Balanced,
             upper,
             tag: None,
             name: None,
