@@ -1023,7 +1023,7 @@ impl<U> VirtualBlock<U> {
             Engine::Tlsf(t) => {
                 let r = live(t.record(id))?;
                 let user = self.users.take(id).ok_or(Fail::StaleHandle)?;
-                t.release(id);
+                t.release_from(id, r.offset);
                 (r, user)
             }
             Engine::Linear(l) => {

@@ -145,14 +145,6 @@ impl Node {
         self.start() - self.offset
     }
 
-    /// Whether a taken node holds padding: its offset is not aligned to its allocation's
-    /// alignment ([`Node::is_padded`] without asking whether the node is taken).
-    #[inline(always)]
-    fn holds_padding(&self) -> bool {
-        debug_assert!(!self.is_free() && self.prev_free & KIND_MASK != VACANT);
-        self.offset & ((1u64 << (self.prev_free & ALIGN_BITS)) - 1) != 0
-    }
-
     /// Whether the node holds padding: taken, and not starting at an aligned offset.
     #[inline(always)]
     fn is_padded(&self) -> bool {
@@ -1188,10 +1180,20 @@ impl Tlsf {
     /// over. A free neighbour absorbs it, so its list changes only if its size class does.
     #[inline(always)]
     pub(crate) fn release(&mut self, i: u32) {
+        let start = self.node(i).start();
+        self.release_from(i, start);
+    }
+
+    /// [`Tlsf::release`] of taken node `i` whose allocation starts at `start` (as
+    /// [`Tlsf::record`] found it): the node holds padding exactly when that is not its own
+    /// offset, which spares finding the alignment again.
+    #[inline(always)]
+    pub(crate) fn release_from(&mut self, i: u32, start: u64) {
         debug_assert!(matches!(
             self.node(i).kind(),
             NodeKind::Used { .. } | NodeKind::Reserved(_)
         ));
+        debug_assert_eq!(start, self.node(i).start());
         let (offset, mut size, prev, next, own_padded, prev_free) = {
             let n = self.node(i);
             let prev_free = n.prev_is_free();
@@ -1200,7 +1202,7 @@ impl Tlsf {
                 n.size,
                 n.prev_phys,
                 n.next_phys,
-                n.holds_padding(),
+                start != n.offset,
                 prev_free,
             )
         };
