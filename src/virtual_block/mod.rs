@@ -784,7 +784,18 @@ impl<U> VirtualBlock<U> {
         // Requests without tag and name (decided at compile time for most call sites) pass
         // their fields in registers, and the request itself need not be built in memory.
         let (offset, key) = if req.tag.is_none() && req.name.is_none() {
-            self.allocate_plain(req.size, req.align, req.strategy, req.upper, user)
+            // The default strategy has a core of its own, where the strategy is a constant:
+            // no jump table on it on every allocation.
+            if req.strategy == Strategy::Balanced {
+                // Alignment 1 (0 means 1) has a core of its own too: no padding to handle.
+                if req.align <= 1 {
+                    self.allocate_balanced_unaligned(req.size, req.upper, user)
+                } else {
+                    self.allocate_balanced(req.size, req.align, req.upper, user)
+                }
+            } else {
+                self.allocate_plain(req.size, req.align, req.strategy, req.upper, user)
+            }
         } else {
             self.allocate_labelled(req, user)
         };
@@ -817,19 +828,56 @@ impl<U> VirtualBlock<U> {
             tag: None,
             name: None,
         };
-        self.allocate_core(&req, user)
+        self.allocate_core::<false>(&req, user)
+    }
+
+    /// [`allocate_plain`](Self::allocate_plain) with [`Strategy::Balanced`].
+    #[inline(never)]
+    fn allocate_balanced(&mut self, size: u64, align: u64, upper: bool, user: U) -> (u64, u64) {
+        let req = Request {
+            size,
+            align,
+            strategy: Strategy::Balanced,
+            upper,
+            tag: None,
+            name: None,
+        };
+        self.allocate_core::<false>(&req, user)
+    }
+
+    /// [`allocate_balanced`](Self::allocate_balanced) with alignment 1: the compiler drops
+    /// what only padding needs.
+    #[inline(never)]
+    fn allocate_balanced_unaligned(&mut self, size: u64, upper: bool, user: U) -> (u64, u64) {
+        let req = Request {
+            size,
+            align: 1,
+            strategy: Strategy::Balanced,
+            upper,
+            tag: None,
+            name: None,
+        };
+        self.allocate_core::<true>(&req, user)
     }
 
     /// [`allocate`](Self::allocate) of a request with a tag or a name.
     #[inline(never)]
     fn allocate_labelled(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
-        self.allocate_core(req, user)
+        self.allocate_core::<false>(req, user)
     }
 
     /// [`allocate`](Self::allocate) without the handle: `(offset, stamp << 32 | id)` on
     /// success, `(Fail as u64, NIL)` on failure (`NIL` is never an id).
+    ///
+    /// `UNALIGNED_BALANCED`: the request is known to have alignment 1 and strategy
+    /// [`Strategy::Balanced`] ([`allocate_balanced_unaligned`](Self::allocate_balanced_unaligned)),
+    /// and takes the TLSF search made for that case.
     #[inline(always)]
-    fn allocate_core(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
+    fn allocate_core<const UNALIGNED_BALANCED: bool>(
+        &mut self,
+        req: &Request<'_>,
+        user: U,
+    ) -> (u64, u64) {
         let fail = |f: Fail| (f as u64, u64::from(NIL));
         if req.size == 0 {
             return fail(Fail::ZeroSize);
@@ -852,7 +900,13 @@ impl<U> VirtualBlock<U> {
                 if !t.has_room() {
                     return fail(Fail::TooManyAllocations);
                 }
-                match t.find(req.size, align, req.strategy) {
+                let found = if UNALIGNED_BALANCED {
+                    debug_assert!(align == 1 && req.strategy == Strategy::Balanced);
+                    t.find_balanced_unaligned(req.size)
+                } else {
+                    t.find(req.size, align, req.strategy)
+                };
+                match found {
                     Some((i, li, at)) => {
                         let kind = NodeKind::Used {
                             meta: meta.0,
@@ -969,7 +1023,7 @@ impl<U> VirtualBlock<U> {
             Engine::Tlsf(t) => {
                 let r = live(t.record(id))?;
                 let user = self.users.take(id).ok_or(Fail::StaleHandle)?;
-                t.release(id);
+                t.release_from(id, r.offset);
                 (r, user)
             }
             Engine::Linear(l) => {

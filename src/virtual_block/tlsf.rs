@@ -145,14 +145,6 @@ impl Node {
         self.start() - self.offset
     }
 
-    /// Whether a taken node holds padding: its offset is not aligned to its allocation's
-    /// alignment ([`Node::is_padded`] without asking whether the node is taken).
-    #[inline(always)]
-    fn holds_padding(&self) -> bool {
-        debug_assert!(!self.is_free() && self.prev_free & KIND_MASK != VACANT);
-        self.offset & ((1u64 << (self.prev_free & ALIGN_BITS)) - 1) != 0
-    }
-
     /// Whether the node holds padding: taken, and not starting at an aligned offset.
     #[inline(always)]
     fn is_padded(&self) -> bool {
@@ -193,14 +185,28 @@ impl Node {
     /// Marks a node taken by `kind` (`Used` or `Reserved`), with [`PREV_FREE`] clear.
     #[inline(always)]
     fn set_taken(&mut self, kind: NodeKind) {
-        (self.prev_free, self.next_free) = match kind {
-            NodeKind::Used { meta, generation } => {
-                debug_assert!(meta <= META_MASK);
-                (USED | (meta & META_MASK), generation)
-            }
-            NodeKind::Reserved(m) => (RESERVED, m),
-            NodeKind::Free | NodeKind::Vacant => unreachable!("not a taken kind"),
-        };
+        self.set_taken_words(taken_words(kind));
+    }
+
+    /// [`Node::set_taken`] with the words of [`taken_words`].
+    #[inline(always)]
+    fn set_taken_words(&mut self, (word, next): (u32, u32)) {
+        (self.prev_free, self.next_free) = (word, next);
+    }
+}
+
+/// The words a node taken by `kind` (`Used` or `Reserved`) holds in `prev_free` and
+/// `next_free`, with [`PREV_FREE`] clear. (Two words in registers: [`Tlsf::take_tail`], out
+/// of line, gets them so, where a `NodeKind` went through the stack on every allocation.)
+#[inline(always)]
+fn taken_words(kind: NodeKind) -> (u32, u32) {
+    match kind {
+        NodeKind::Used { meta, generation } => {
+            debug_assert!(meta <= META_MASK);
+            (USED | (meta & META_MASK), generation)
+        }
+        NodeKind::Reserved(m) => (RESERVED, m),
+        NodeKind::Free | NodeKind::Vacant => unreachable!("not a taken kind"),
     }
 }
 
@@ -606,16 +612,34 @@ impl Tlsf {
     /// Notes that node `i` now holds padding (after [`Tlsf::reserve_padded`]).
     #[inline(always)]
     fn add_padded(&mut self, i: u32) {
+        debug_assert!((i as usize) < self.nodes.len());
         let (word, bit) = (i as usize / 64, 1u64 << (i % 64));
         if word >= self.noted.len() {
-            self.noted.resize(self.nodes.len().div_ceil(64), 0);
+            self.grow_noted();
         }
-        let w = &mut self.noted[word];
+        // SAFETY: `noted` has a bit for every node of the arena (`grow_noted`), and `i` is a
+        // node of the arena (it was just taken).
+        let w = unsafe { self.noted.get_unchecked_mut(word) };
         if *w & bit == 0 {
             *w |= bit;
-            self.padded.push(i);
+            let len = self.padded.len();
+            debug_assert!(len < self.padded.capacity(), "reserve_padded made no room");
+            // SAFETY: `reserve_padded` left room for one more entry, so `len` is below the
+            // stack's capacity; the entry is written before the length covers it.
+            unsafe {
+                self.padded.as_mut_ptr().add(len).write(i);
+                self.padded.set_len(len + 1);
+            }
         }
         self.padded_count += 1;
+    }
+
+    /// Gives `noted` a bit for every node of the arena (out of line: a block filling up
+    /// from empty comes here once every 64 nodes).
+    #[cold]
+    #[inline(never)]
+    fn grow_noted(&mut self) {
+        self.noted.resize(self.nodes.len().div_ceil(64), 0);
     }
 
     /// Drops stale entries from the padded stack, and makes room for as many again: amortised
@@ -772,6 +796,16 @@ impl Tlsf {
         unpack(self.first_fit(size, mask))
     }
 
+    /// [`Tlsf::find`] of a request with alignment 1 and [`Strategy::Balanced`] (the same
+    /// result, see [`Tlsf::tight_or_good_fit_unaligned`]).
+    #[inline(always)]
+    pub(crate) fn find_balanced_unaligned(&mut self, size: u64) -> Option<Found> {
+        if let Some(found) = self.tight_or_good_fit_unaligned(size) {
+            return Some(found);
+        }
+        unpack(self.first_fit(size, 0))
+    }
+
     /// O(1): the head of the first list whose every block fits even with worst-case padding.
     #[inline(always)]
     fn good_fit(&mut self, size: u64, mask: u64) -> Option<Found> {
@@ -801,6 +835,35 @@ impl Tlsf {
         let i = self.head(li);
         let n = self.node(i);
         fit(n.offset, n.size, size, mask).map(|at| (i, li, at))
+    }
+
+    /// [`Tlsf::tight_fit`], then [`Tlsf::good_fit`] if that fails, for a request without
+    /// alignment: the same choice in fewer steps. A range fits exactly when it is at least
+    /// `size` long. Only the request's own list can hold a range too short (every range in a
+    /// list above it is at least that list's floor, above `size`), and the good fit is then
+    /// the first non-empty list after it: the search goes on from there instead of starting
+    /// again from `size` rounded up, and neither head needs the general fit test.
+    #[inline(always)]
+    fn tight_or_good_fit_unaligned(&mut self, size: u64) -> Option<Found> {
+        let li = self.first_list_from(list_index(size))?;
+        let i = self.head(li);
+        let n = self.node(i);
+        if n.size >= size {
+            return Some((i, li, n.offset));
+        }
+        debug_assert_eq!(
+            li,
+            list_index(size),
+            "a list above the size's own held a shorter range"
+        );
+        let li = self.next_list(li)?;
+        let i = self.head(li);
+        let n = self.node(i);
+        debug_assert!(
+            n.size >= size,
+            "good-fit list holds a block that does not fit"
+        );
+        Some((i, li, n.offset))
     }
 
     /// Counts a free range looked at by a search (tests only).
@@ -958,7 +1021,7 @@ impl Tlsf {
         let rest = total - pad - size;
         if rest == 0 {
             // Rare: the range ends where the free node does.
-            return self.take_tail(i, li, at, size, kind);
+            return self.take_tail(i, li, at, size, taken_words(kind));
         }
         if pad > 0 && !matches!(kind, NodeKind::Used { .. }) {
             return self.take_with_free_padding(i, li, at, size, kind);
@@ -1059,11 +1122,11 @@ impl Tlsf {
     }
 
     /// [`Tlsf::take`] when nothing of free node `i` is left after the range: node `i` becomes
-    /// the range itself or keeps only the padding before it. Out of line: it is rare, and
-    /// the common path stays short.
+    /// the range itself or keeps only the padding before it; `words` are the taken node's
+    /// ([`taken_words`]). Out of line: it is rare, and the common path stays short.
     #[cold]
     #[inline(never)]
-    fn take_tail(&mut self, i: u32, li: usize, at: u64, size: u64, kind: NodeKind) -> u32 {
+    fn take_tail(&mut self, i: u32, li: usize, at: u64, size: u64, words: (u32, u32)) -> u32 {
         let (offset, next) = {
             let n = self.node(i);
             (n.offset, n.next_phys)
@@ -1073,7 +1136,7 @@ impl Tlsf {
             self.unlink(i, li);
             // Node i's neighbours are taken (free nodes never touch): i's word gets PREV_FREE
             // clear, and the next node's bit clears now that i is taken.
-            self.node_mut(i).set_taken(kind);
+            self.node_mut(i).set_taken_words(words);
             if next != NIL {
                 self.node_mut(next).set_prev_is_free(false);
             }
@@ -1094,7 +1157,7 @@ impl Tlsf {
             prev_free: NIL,
             next_free: NIL,
         };
-        taken.set_taken(kind);
+        taken.set_taken_words(words);
         taken.set_prev_is_free(true);
         *self.node_mut(u) = taken;
         {
@@ -1117,10 +1180,20 @@ impl Tlsf {
     /// over. A free neighbour absorbs it, so its list changes only if its size class does.
     #[inline(always)]
     pub(crate) fn release(&mut self, i: u32) {
+        let start = self.node(i).start();
+        self.release_from(i, start);
+    }
+
+    /// [`Tlsf::release`] of taken node `i` whose allocation starts at `start` (as
+    /// [`Tlsf::record`] found it): the node holds padding exactly when that is not its own
+    /// offset, which spares finding the alignment again.
+    #[inline(always)]
+    pub(crate) fn release_from(&mut self, i: u32, start: u64) {
         debug_assert!(matches!(
             self.node(i).kind(),
             NodeKind::Used { .. } | NodeKind::Reserved(_)
         ));
+        debug_assert_eq!(start, self.node(i).start());
         let (offset, mut size, prev, next, own_padded, prev_free) = {
             let n = self.node(i);
             let prev_free = n.prev_is_free();
@@ -1129,7 +1202,7 @@ impl Tlsf {
                 n.size,
                 n.prev_phys,
                 n.next_phys,
-                n.holds_padding(),
+                start != n.offset,
                 prev_free,
             )
         };
@@ -1667,6 +1740,45 @@ mod tests {
             }
             assert_eq!(up == li, list_floor(li) == s, "size {s}");
         }
+    }
+
+    #[test]
+    fn unaligned_balanced_search_chooses_as_the_general_one() {
+        // Random allocations and frees at mixed alignments; before every allocation of
+        // alignment 1, the search made for it must pick what `find` picks.
+        let mut t = Tlsf::new(1 << 16);
+        let mut live: Vec<u32> = Vec::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut compared = 0;
+        for _ in 0..4000 {
+            let r = next();
+            if r % 3 == 0 && !live.is_empty() {
+                let i = live.swap_remove((r / 3 % live.len() as u64) as usize);
+                t.release(i);
+                continue;
+            }
+            let size = next() % 700 + 1;
+            let align = [1u64, 1, 1, 16, 64][(next() % 5) as usize];
+            let found = t.find(size, align, Strategy::Balanced);
+            if align == 1 {
+                assert_eq!(t.find_balanced_unaligned(size), found, "size {size}");
+                compared += 1;
+            }
+            let Some((i, li, at)) = found else { continue };
+            let kind = NodeKind::Used {
+                meta: align.trailing_zeros(),
+                generation: 1,
+            };
+            live.push(t.take(i, li, at, size, kind));
+        }
+        t.validate().unwrap();
+        assert!(compared > 1000);
     }
 
     #[test]
