@@ -137,15 +137,9 @@ fn tag_of(registration: &'static Registration) -> Tag {
 #[inline(never)]
 fn tag_of_slow(registration: &'static Registration) -> Tag {
     lanes::claim(registration);
-    let mut entry = Some(registration);
-    let mut tag = 0;
-    while let Some(r) = entry {
-        if let Some(own) = r.counters().tag() {
-            tag = own;
-            break;
-        }
-        entry = r.parent();
-    }
+    let tag = core::iter::successors(Some(registration), |r| r.parent())
+        .find_map(|r| r.counters().tag())
+        .unwrap_or(0);
     if tag != 0 {
         thread_cache::enable_tags();
         registration.counters().set_scope_tag(tag);

@@ -175,6 +175,20 @@ pub struct Request<'a> {
 }
 
 impl<'a> Request<'a> {
+    /// The request `allocate` passes on for one without tag or name (built where its fields
+    /// are in registers).
+    #[inline(always)]
+    fn unlabelled(size: u64, align: u64, strategy: Strategy, upper: bool) -> Self {
+        Self {
+            size,
+            align,
+            strategy,
+            upper,
+            tag: None,
+            name: None,
+        }
+    }
+
     /// A request for `size` units, aligned to 1, with the default strategy.
     pub const fn new(size: u64) -> Self {
         Request {
@@ -820,28 +834,14 @@ impl<U> VirtualBlock<U> {
         upper: bool,
         user: U,
     ) -> (u64, u64) {
-        let req = Request {
-            size,
-            align,
-            strategy,
-            upper,
-            tag: None,
-            name: None,
-        };
+        let req = Request::unlabelled(size, align, strategy, upper);
         self.allocate_core::<false>(&req, user)
     }
 
     /// [`allocate_plain`](Self::allocate_plain) with [`Strategy::Balanced`].
     #[inline(never)]
     fn allocate_balanced(&mut self, size: u64, align: u64, upper: bool, user: U) -> (u64, u64) {
-        let req = Request {
-            size,
-            align,
-            strategy: Strategy::Balanced,
-            upper,
-            tag: None,
-            name: None,
-        };
+        let req = Request::unlabelled(size, align, Strategy::Balanced, upper);
         self.allocate_core::<false>(&req, user)
     }
 
@@ -849,14 +849,7 @@ impl<U> VirtualBlock<U> {
     /// what only padding needs.
     #[inline(never)]
     fn allocate_balanced_unaligned(&mut self, size: u64, upper: bool, user: U) -> (u64, u64) {
-        let req = Request {
-            size,
-            align: 1,
-            strategy: Strategy::Balanced,
-            upper,
-            tag: None,
-            name: None,
-        };
+        let req = Request::unlabelled(size, 1, Strategy::Balanced, upper);
         self.allocate_core::<true>(&req, user)
     }
 
