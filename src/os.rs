@@ -319,15 +319,18 @@ impl OsAllocator {
     /// Reserves `len` bytes of address space at an `align`-aligned address (a power of two,
     /// at least a page), inaccessible and not counted as mapped until parts of it are
     /// [committed](Self::commit); null if the address space is not there. For areas that
-    /// grow in place inside a fixed range (guarded slots), never released.
-    pub(crate) fn reserve(len: usize, align: usize) -> *mut u8 {
+    /// grow in place inside a fixed range (guarded slots), never released. `hint` (0: none)
+    /// is where the caller would like it; the kernel places it elsewhere when that range is
+    /// taken or out of reach.
+    pub(crate) fn reserve(len: usize, align: usize, hint: usize) -> *mut u8 {
         let Some(over) = len.checked_add(align) else {
             return ptr::null_mut();
         };
-        // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+        // SAFETY: an anonymous private mapping without `MAP_FIXED` has no preconditions: the
+        // address is only a hint, never a range that gets replaced.
         let p = unsafe {
             libc::mmap(
-                ptr::null_mut(),
+                ptr::without_provenance_mut(hint),
                 over,
                 libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,

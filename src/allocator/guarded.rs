@@ -101,6 +101,9 @@ pub(crate) fn enable() {
         return;
     }
     install_fault_handler();
+    // The area's place is settled before any lane's free path compares with its end (see
+    // `Lane::plain_from`); if it cannot be reserved now, those paths ask every free.
+    AREA.reserve();
     EVER.store(true, Release);
     // Lane 0's hooks are rebuilt from the flag (and every class's mark closed).
     thread_cache::system_records_changed();

@@ -1033,26 +1033,20 @@ pub(crate) unsafe fn free_gated(
         };
         let tc = addr as CacheRef;
         let lane = (*tc).system();
-        let hooks = lane.hooks.load(Relaxed);
-        if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD) != 0 {
+        // One compare for the hooks of a free: none, or only guarded sampling and a block
+        // above the guarded area, go straight to the bin (see `Lane::plain_from`).
+        let plain_from = lane.plain_from();
+        if ptr.addr() < plain_from {
             // Tags first: a scoped program frees every block here, so its test comes before
-            // guarded sampling's (one branch each way).
-            if hooks & HOOK_TAGS != 0 {
+            // the hooks' (one compare with the word already loaded).
+            if plain_from == lane::PLAIN_NEVER_TAGS {
                 // A guarded block's segment tag is no lane's: it misses here.
                 if free_in_current_lane(tc, ptr, class, layout.size()) {
                     return;
                 }
                 return miss(ptr, layout.size(), layout.align(), class, tc);
             }
-            if hooks == HOOK_GUARD {
-                // Guarded sampling alone (lane 0 of a program that guards: no other hook of
-                // a free or an allocation), in one compare: one range test, then the
-                // straight line.
-                if guarded::AREA.contains(ptr.addr()) || lane.bin_full(class) {
-                    return miss(ptr, layout.size(), layout.align(), class, tc);
-                }
-                return lane.push(lane.bin(class), ptr, class);
-            }
+            let hooks = lane.hooks.load(Relaxed);
             if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) == HOOK_FREE_SAMPLED {
                 // The `SystemAllocator` samples, and nothing else: one look at the sample
                 // filter, then the straight line.
@@ -1065,8 +1059,9 @@ pub(crate) unsafe fn free_gated(
                 return lane.push(lane.bin(class), ptr, class);
             }
             if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) == 0 {
-                // Guarded sampling with allocation hooks (sampled records of allocations
-                // only): as above.
+                // Guarded sampling without records of frees, and a block below the guarded
+                // area's end: a guarded one, or one of a segment the kernel placed below
+                // the area.
                 if guarded::AREA.contains(ptr.addr()) || lane.bin_full(class) {
                     return miss(ptr, layout.size(), layout.align(), class, tc);
                 }
@@ -1478,7 +1473,7 @@ pub(crate) fn enable_tags() {
     while !tc.is_null() {
         // SAFETY: registered caches are valid while the registry lock is held.
         unsafe {
-            (*tc).system().hooks.fetch_or(HOOK_TAGS, Relaxed);
+            (*tc).system().add_hooks(HOOK_TAGS);
             tc = (*tc).next.load(Relaxed);
         }
     }

@@ -49,6 +49,12 @@ const MAX_SEGMENTS: usize = 256;
 pub(crate) const AREA_BYTES: usize = MAX_SEGMENTS * SEGMENT;
 /// The largest block a slot holds (and the largest alignment).
 pub const MAX_GUARDED: usize = PAGE;
+/// Where the area is asked to go: low in the address space, below where the kernel maps
+/// (top-down, from under the stack) the heap's segments, so that a free of an ordinary
+/// block tells it is no guarded one with a single compare against [`GuardedArea::end`]
+/// (the thread caches' lane 0, see `Lane::plain_from`). Only a hint: elsewhere, frees of
+/// blocks below the area take the longer test, nothing more.
+const LOW_HINT: usize = if usize::BITS == 64 { 1 << 32 } else { 0 };
 /// Freed slots that rest before one is reused (while fresh slots remain, none is).
 const QUARANTINE: u32 = 64;
 
@@ -196,6 +202,19 @@ impl GuardedArea {
     #[inline(always)]
     pub fn contains(&self, addr: usize) -> bool {
         addr.wrapping_sub(self.base.load(Relaxed)) < AREA_BYTES
+    }
+
+    /// The first address past the area, and so past every guarded block; while the area
+    /// is not reserved, an address above every user address (no block can be above it).
+    pub fn end(&self) -> usize {
+        self.base.load(Acquire).wrapping_add(AREA_BYTES)
+    }
+
+    /// Reserves the area's address space now (it is otherwise reserved at the first
+    /// guarded allocation); `false` if it cannot be. Done when guarding is turned on, so
+    /// that [`end`](Self::end) is final before the thread caches' free paths read it.
+    pub fn reserve(&self) -> bool {
+        self.reserved_base().is_some()
     }
 
     /// Whether a block of `layout` fits a slot.
@@ -423,7 +442,7 @@ impl GuardedArea {
         if let Some(base) = self.base_if_reserved() {
             return Some(base);
         }
-        let p = OsAllocator::reserve(AREA_BYTES, SEGMENT);
+        let p = OsAllocator::reserve(AREA_BYTES, SEGMENT, LOW_HINT);
         drop(slots);
         if p.is_null() {
             return None;

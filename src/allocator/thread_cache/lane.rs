@@ -8,7 +8,7 @@
 //! holds free blocks of its class, whatever lane they were last allocated from.
 
 use super::counts;
-use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_GUARD, cold_path};
+use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_GUARD, HOOK_TAGS, cold_path};
 use crate::allocator::guarded;
 use crate::records;
 use crate::schema::hpha::Tag;
@@ -115,6 +115,15 @@ pub(super) const CLOSED: u64 = 0;
 /// lane's tag, `Tag::MAX`, is another).
 pub(super) const ASK: Tag = Tag::MAX - 1;
 
+/// The hooks a small free through lane 0 must look at (the others concern allocations).
+const FREE_HOOKS: u8 = HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD;
+/// [`Lane::plain_from`] once tags are in use: no free is plain, and every one is first
+/// offered to the current lane (`free_in_current_lane`), whatever the other hooks.
+pub(crate) const PLAIN_NEVER_TAGS: usize = usize::MAX;
+/// [`Lane::plain_from`] while records or sampling concern frees (no tags): no free is
+/// plain; the hooks say what to ask. (No guarded area ends here: the area is page aligned.)
+pub(crate) const PLAIN_NEVER: usize = usize::MAX - 1;
+
 /// One size class's cached blocks.
 #[derive(Clone, Copy)]
 pub(super) struct Bin {
@@ -199,6 +208,14 @@ pub(crate) struct Lane {
     /// compare, so that a lane that only samples pays the sample filter's test and nothing
     /// more. Written with the hooks (see [`set_hooks`](Self::set_hooks)).
     free_gate: AtomicU8,
+    /// Lane 0: a global small free of a block at or above this address goes straight into
+    /// a bin without reading the hooks (one compare, see `free_gated`): 0 while no hook
+    /// concerns frees, the end of the guarded area while guarded sampling is the only one
+    /// (the area lies low in the address space, so ordinary blocks are above it),
+    /// [`PLAIN_NEVER_TAGS`] once tags are in use (so the scoped free needs no look at the
+    /// hooks either) and [`PLAIN_NEVER`] otherwise. Written with the hooks (see
+    /// [`set_hooks`](Self::set_hooks)).
+    plain_from: AtomicUsize,
     /// The small heap of that tag, where refills come from and overflows go (null: tag 0's).
     heap: AtomicPtr<SmallHeap>,
     /// The next lane made on demand for the same thread (see `ThreadCache::dynamic`).
@@ -247,6 +264,11 @@ impl Lane {
             tag: AtomicU16::new(tag),
             free_tag: AtomicU16::new(Self::free_tag_for(hooks, tag)),
             free_gate: AtomicU8::new(Self::free_gate_for(hooks)),
+            plain_from: AtomicUsize::new(match hooks & FREE_HOOKS {
+                0 => 0,
+                _ if hooks & HOOK_TAGS != 0 => PLAIN_NEVER_TAGS,
+                _ => PLAIN_NEVER,
+            }),
             heap: AtomicPtr::new(null_mut()),
             next: AtomicPtr::new(null_mut()),
             requested_in: AtomicUsize::new(0),
@@ -285,6 +307,23 @@ impl Lane {
         }
     }
 
+    /// [`plain_from`](Self::plain_from) for `hooks`.
+    fn plain_from_for(hooks: u8) -> usize {
+        match hooks & FREE_HOOKS {
+            0 => 0,
+            HOOK_GUARD => guarded::AREA.end(),
+            _ if hooks & HOOK_TAGS != 0 => PLAIN_NEVER_TAGS,
+            _ => PLAIN_NEVER,
+        }
+    }
+
+    /// Lane 0: the lowest address of a block whose free needs no look at the hooks (see
+    /// the field).
+    #[inline(always)]
+    pub(super) fn plain_from(&self) -> usize {
+        self.plain_from.load(Relaxed)
+    }
+
     /// [`free_gate`](Self::free_gate) for `hooks`.
     const fn free_gate_for(hooks: u8) -> u8 {
         match hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) {
@@ -307,7 +346,14 @@ impl Lane {
         self.free_tag
             .store(Self::free_tag_for(hooks, self.tag()), Relaxed);
         self.free_gate.store(Self::free_gate_for(hooks), Relaxed);
+        self.plain_from.store(Self::plain_from_for(hooks), Relaxed);
         self.hooks.store(hooks, Relaxed);
+    }
+
+    /// Adds `more` to the hooks byte (with what follows from it), under the thread
+    /// registry's lock.
+    pub(super) fn add_hooks(&self, more: u8) {
+        self.set_hooks(self.hooks.load(Relaxed) | more);
     }
 
     /// Makes this lane the one of `tag`, whose small heap is `heap` (the owner, setting the
