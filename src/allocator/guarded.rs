@@ -30,8 +30,10 @@
 //! of the `SystemAllocator` while it records every block (`basic` or `full` records; its
 //! sampled records combine with guarding).
 //!
-//! Cost: nothing while no allocator has ever guarded. Once one has, each thread's small
-//! frees test one address range, and each guarded allocation takes a lock and a slot
+//! Cost: nothing while no allocator has ever guarded. Once one has, a small free tells
+//! an ordinary block from a guarded one with the compare it makes anyway (the guarded area
+//! is reserved low in the address space, below the heap), and each guarded allocation
+//! takes a lock and a slot
 //! (a data page, committed once and kept, and an address-space guard page: 4 KiB of memory
 //! per live guarded block, and per resting slot until
 //! [`SystemAllocator::garbage_collect`](crate::SystemAllocator::garbage_collect) gives

@@ -182,6 +182,11 @@ pub(crate) struct ThreadCache {
     current: Cell<*const Lane>,
     /// The scoped tag entered on this thread (0: none; see `crate::scope`).
     current_tag: Cell<Tag>,
+    /// Per built-in lane, the lane while it is set up on this live cache, else null:
+    /// what entering a scope of tag `i < LANES` makes [`current`](Self::current), in one
+    /// load. Set with the lane's bit in [`lanes_used`](Self::lanes_used) (lane 0's when the
+    /// cache registers, and kept), the others cleared when the cache retires.
+    scope_lanes: [AtomicPtr<Lane>; LANES],
     /// The lanes this thread has opened (bit `i`: lane `i`; lane 0 always): a child lane is
     /// set up on the thread's first call through it, so a thread pays (at registration, exit,
     /// flushes and snapshots) only for the lanes it uses. Changed under the registry lock.
@@ -211,6 +216,7 @@ impl ThreadCache {
             lanes: [const { Lane::new(HOOKS_UNREGISTERED) }; LANES],
             current: Cell::new(ptr::addr_of!(IDLE_LANE.0)),
             current_tag: Cell::new(0),
+            scope_lanes: [const { AtomicPtr::new(null_mut()) }; LANES],
             lanes_used: AtomicU32::new(1),
             dynamic: DynamicLanes::new(),
             sample_rng: Cell::new(0),
@@ -548,6 +554,7 @@ impl ThreadCache {
         let mut list = THREADS.lock();
         // SAFETY: this thread's lane 0, its limits set and its bins empty; the lock is held.
         unsafe { list.adopt(0, self.system()) };
+        self.scope_lanes[0].store(ptr::from_ref(self.system()).cast_mut(), Relaxed);
         self.prev.store(null_mut(), Relaxed);
         self.next.store(list.head, Relaxed);
         if !list.head.is_null() {
@@ -622,6 +629,9 @@ impl ThreadCache {
         // call of this thread takes its tag's general path (see `lane_for_scope`).
         self.current.set(&self.lanes[0]);
         self.lanes_used.store(1, Relaxed);
+        for lane in &self.scope_lanes[1..] {
+            lane.store(null_mut(), Relaxed);
+        }
         // SAFETY: under the registry lock; the lanes are flushed, absorbed and shut.
         unsafe { self.dynamic.release_all(list) };
         self.shards.retire(list);
@@ -718,6 +728,7 @@ impl ThreadCache {
         unsafe { list.adopt(tag, lane) };
         if index < LANES {
             self.lanes_used.fetch_or(1 << index, Relaxed);
+            self.scope_lanes[index].store(ptr::from_ref(lane).cast_mut(), Relaxed);
         } else {
             // SAFETY: the lane was made for this thread and is set up; the lock is held.
             unsafe { self.dynamic.link(lane) };
@@ -734,21 +745,24 @@ impl ThreadCache {
     /// (the fast path then misses, and the miss path sets the lane up or takes the tag's
     /// general path).
     ///
-    /// Inline for lane 0 and a built-in lane that is set up: its bit in `lanes_used` says
-    /// both (bit 0 is always set; the others are set only on an active cache, in
-    /// `set_up_lane_locked`, and all cleared when it retires), so entering and leaving a
-    /// scope call nothing.
+    /// Inline for a built-in lane that is set up: [`scope_lanes`](Self::scope_lanes)
+    /// holds it then (set only on an active cache, in `set_up_lane_locked`, and cleared
+    /// when it retires), so entering and leaving such a scope call nothing.
     #[inline(always)]
     fn lane_for_scope(&self, tag: Tag) -> *const Lane {
         let index = usize::from(tag);
-        if index < LANES && self.lanes_used.load(Relaxed) & (1 << index) != 0 {
-            debug_assert!(index == 0 || self.state.get() == STATE_ACTIVE);
-            return &self.lanes[index];
+        if index < LANES {
+            let lane = self.scope_lanes[index].load(Relaxed);
+            if !lane.is_null() {
+                debug_assert!(self.state.get() == STATE_ACTIVE);
+                return lane;
+            }
         }
         self.lane_for_scope_slowly(tag)
     }
 
-    /// [`lane_for_scope`](Self::lane_for_scope) for a lane made on demand, or one not set up.
+    /// [`lane_for_scope`](Self::lane_for_scope) for a lane made on demand, or one not set up
+    /// (lane 0 too, before the cache registers).
     #[inline(never)]
     fn lane_for_scope_slowly(&self, tag: Tag) -> *const Lane {
         if tag == 0 {
