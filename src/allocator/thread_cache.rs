@@ -569,10 +569,7 @@ impl ThreadCache {
         // `enable_tags`).
         let hooks = lane0_hooks();
         self.system().set_hooks(hooks);
-        for slot in &self.system().slots {
-            slot.open_until
-                .store(Self::initial_open_until(hooks), Relaxed);
-        }
+        self.set_first_marks(hooks);
         // Child lanes stay closed until the thread's first call through each (see
         // `set_up_lane`), but for the tags above.
         self.state.set(STATE_ACTIVE);
@@ -1823,7 +1820,7 @@ impl ThreadCache {
 
     /// [`charge_due`](Self::charge_due) in a lane with guarded sampling (`HOOK_GUARD`). The
     /// class's mark is the nearer of two countdowns: the records' sample (drawn as in
-    /// [`charge_sampled`](Self::charge_sampled)) and the guard's, a geometric count of lane
+    /// [`charge_sampled`](Self::charge_sampled)) and the guard's, a uniform count of lane
     /// allocations between two guarded ones (mean `N - 1`, so one allocation in `N` is
     /// guarded); the class's sizing keeps both as distances past the mark. A guarded
     /// allocation is not the lane's (its block comes from the guarded area), so the
@@ -1887,17 +1884,20 @@ impl ThreadCache {
     }
 
     /// Lane allocations until the next guarded one, at one guarded allocation in `every`:
-    /// geometric on 0, 1, 2... with mean `every - 1`.
+    /// uniform on 0 ..= 2 (every - 1), so of mean `every - 1`. Guarding needs the rate, not
+    /// the memoryless law records' sampling keeps for unbiased estimates, and a thread
+    /// draws once for each class it touches: a short-lived thread making a few hundred
+    /// allocations paid more for two logarithms per draw than for its guarded blocks.
     fn guard_draw(&self, every: u32) -> u64 {
         if every <= 1 {
             return 0;
         }
         let mut rng = crate::records::sample::Rng::new(self.rng_state());
-        let u = rng.unit(); // in (0, 1]
+        let x = rng.next_u64();
         self.sample_rng.set(rng.state());
-        let p = 1.0 / f64::from(every);
-        // `as` saturates a huge draw; `u == 1` gives 0.
-        (u.ln() / (-p).ln_1p()) as u64
+        let span = 2 * u64::from(every - 1) + 1;
+        // The high half of the product: `x` scaled to `0..span`.
+        ((u128::from(x) * u128::from(span)) >> 64) as u64
     }
 
     /// Sets the class's [`open_until`](lane::ClassSlot::open_until) mark as the owner, the records
@@ -1912,6 +1912,39 @@ impl ThreadCache {
         fence(SeqCst);
         if lane.hooks.load(Relaxed) != hooks {
             slot.open_until.store(CLOSED, Relaxed);
+        }
+    }
+
+    /// Lane 0's marks as the cache registers (under the registry lock, so no settings
+    /// change meanwhile), the records settings being `hooks`. When guarded sampling is the
+    /// only hook of allocations, each class's first guard countdown is drawn here, one
+    /// cheap draw per class, rather than on the class's first allocation through the slow
+    /// path (`charge_guarded`): a thread that lives for a few hundred allocations touches
+    /// dozens of classes, and that slow path cost it more than its guarded blocks did.
+    fn set_first_marks(&self, hooks: u8) {
+        let lane = self.system();
+        if hooks & (HOOK_ALLOC | HOOK_SAMPLE | HOOK_BUDGET | HOOK_CLOSED | HOOK_GUARD) != HOOK_GUARD
+        {
+            for slot in &lane.slots {
+                slot.open_until
+                    .store(Self::initial_open_until(hooks), Relaxed);
+            }
+            return;
+        }
+        let every = guarded::system_interval();
+        for (class, slot) in lane.slots.iter().enumerate() {
+            let count = slot.allocations.load(Relaxed);
+            let mark = match every {
+                0 => OPEN,
+                every => count.saturating_add(self.guard_draw(every)),
+            };
+            // SAFETY: the owning thread, registering; `class` indexes `slots`.
+            let sizing = unsafe { lane.sizing(class) };
+            // The mark is the guard's countdown itself; no sample is drawn (as
+            // `charge_guarded` leaves them without `HOOK_SAMPLE`).
+            sizing.guard_off = 0;
+            sizing.sample_off = FAR;
+            slot.open_until.store(mark, Relaxed);
         }
     }
 
