@@ -38,7 +38,7 @@
 //! per live guarded block, and per resting slot until
 //! [`SystemAllocator::garbage_collect`](crate::SystemAllocator::garbage_collect) gives
 //! those back). The area holds 65,280 slots; when it is full, allocations are simply not
-//! guarded. docs/misuse.md has the measured cost.
+//! guarded. docs/guarded.md has the measured cost.
 
 use super::registry::{Registration, SYSTEM};
 use super::{lanes, thread_cache};
