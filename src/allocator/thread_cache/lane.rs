@@ -26,8 +26,44 @@ const BIN_BYTES: usize = 16 * 1024;
 const MIN_BIN_BLOCKS: usize = 4;
 const MAX_BIN_BLOCKS: usize = 128;
 
-/// How many blocks of `class` a cache may hold.
-pub(super) const fn bin_limit(class: usize) -> u32 {
+/// How many blocks of `class` a cache may hold (a table: a cache sets every class's limit
+/// as its thread registers, and a division per class was most of that).
+#[inline(always)]
+pub(super) fn bin_limit(class: usize) -> u32 {
+    BIN_LIMITS[class]
+}
+
+/// How many blocks of `class` a cache holds before its thread first allocates the class
+/// (see [`freeing_limit_of`]).
+#[inline(always)]
+pub(super) fn freeing_limit(class: usize) -> u32 {
+    FREEING_LIMITS[class]
+}
+
+/// [`bin_limit`] of every class.
+static BIN_LIMITS: [u32; CLASS_COUNT] = {
+    let mut limits = [0; CLASS_COUNT];
+    let mut class = 0;
+    while class < CLASS_COUNT {
+        limits[class] = bin_limit_of(class);
+        class += 1;
+    }
+    limits
+};
+
+/// [`freeing_limit`] of every class.
+static FREEING_LIMITS: [u32; CLASS_COUNT] = {
+    let mut limits = [0; CLASS_COUNT];
+    let mut class = 0;
+    while class < CLASS_COUNT {
+        limits[class] = freeing_limit_of(class);
+        class += 1;
+    }
+    limits
+};
+
+/// [`bin_limit`], computed.
+const fn bin_limit_of(class: usize) -> u32 {
     let n = BIN_BYTES / class_size(class);
     let n = if n < MIN_BIN_BLOCKS {
         MIN_BIN_BLOCKS
@@ -44,8 +80,8 @@ pub(super) const fn bin_limit(class: usize) -> u32 {
 /// How many blocks of `class` a cache holds before its thread first allocates the class:
 /// a quarter of the limit. A thread that only frees a class (it collects what others
 /// allocated) then keeps little of it from the threads that could reuse it.
-pub(super) const fn freeing_limit(class: usize) -> u32 {
-    let n = bin_limit(class) / 4;
+const fn freeing_limit_of(class: usize) -> u32 {
+    let n = bin_limit_of(class) / 4;
     if n < MIN_BIN_BLOCKS as u32 {
         MIN_BIN_BLOCKS as u32
     } else {
