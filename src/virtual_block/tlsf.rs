@@ -145,14 +145,6 @@ impl Node {
         self.start() - self.offset
     }
 
-    /// Whether the node holds padding: taken, and not starting at an aligned offset.
-    #[inline(always)]
-    fn is_padded(&self) -> bool {
-        let mask = (1u64 << (self.prev_free & ALIGN_BITS)) - 1;
-        let taken = !self.is_free() && self.prev_free & KIND_MASK != VACANT;
-        taken && self.offset & mask != 0
-    }
-
     #[inline]
     fn kind(&self) -> NodeKind {
         if self.is_free() {
@@ -234,11 +226,6 @@ impl Arena {
     #[inline(always)]
     fn get(&self, i: usize) -> Option<&Node> {
         self.v.get(i.checked_add(1)?)
-    }
-
-    #[inline(always)]
-    fn push(&mut self, n: Node) {
-        self.v.push(n);
     }
 
     /// Forgets every node but keeps the sink (and the memory).
@@ -389,6 +376,62 @@ fn unpack((node_list, at): Packed) -> Option<Found> {
     (at != u64::MAX).then_some((node_list as u32, (node_list >> 32) as usize, at))
 }
 
+/// The nodes that hold padding (see the module docs), pushed as they are made, at most once
+/// each. Entries go stale when the padding is taken over or the node freed: a node holds
+/// padding exactly when [`Node::padding`] says so. Stale entries stay until the next
+/// [`Tlsf::list_padding`] (or the block empties).
+///
+/// Invariant: `noted` has a bit for every node the arena has room for, and `entries` room for
+/// one entry per bit ([`Tlsf::grow_arena`] keeps both in step with the arena's capacity). A
+/// node is pushed only while its bit is clear, so the stack never holds more entries than
+/// the arena has nodes, and pushing needs neither a capacity check nor a compaction.
+#[derive(Debug)]
+struct PaddedStack {
+    entries: Vec<u32>,
+    /// One bit per node: on the stack. A node reused for another padded allocation while its
+    /// old entry waits there is not pushed again (the entry names the node, not the
+    /// allocation); in the GPU-heap workload the same few hundred nodes carry each frame's
+    /// padded buffers.
+    noted: Vec<u64>,
+}
+
+impl PaddedStack {
+    /// Room for every node of `nodes` (the arena's capacity).
+    fn fit(&mut self, nodes: usize) {
+        let words = nodes.div_ceil(64);
+        if self.noted.len() < words {
+            self.noted.resize(words, 0);
+        }
+        let room = self.noted.len() * 64;
+        self.entries.reserve(room - self.entries.len());
+    }
+
+    /// Forgets every entry and clears their bits: O(min(entries, arena / 64)).
+    fn clear(&mut self) {
+        if self.entries.len() >= self.noted.len() {
+            self.noted.fill(0);
+        } else {
+            for &i in &self.entries {
+                self.noted[i as usize / 64] &= !(1 << (i % 64));
+            }
+        }
+        self.entries.clear();
+    }
+}
+
+impl Clone for PaddedStack {
+    /// A clone keeps the invariant: room for an entry per bit (`Vec::clone` keeps only the
+    /// length).
+    fn clone(&self) -> Self {
+        let mut entries = Vec::with_capacity(self.noted.len() * 64);
+        entries.extend_from_slice(&self.entries);
+        PaddedStack {
+            entries,
+            noted: self.noted.clone(),
+        }
+    }
+}
+
 /// The TLSF state of one block.
 ///
 /// Invariant: every node index held in a link (`first`, `last`, a list head, a node's
@@ -400,15 +443,8 @@ fn unpack((node_list, at): Packed) -> Option<Found> {
 #[derive(Clone, Debug)]
 pub(crate) struct Tlsf {
     nodes: Arena,
-    /// Nodes that hold padding (see the module docs), pushed as they are made. Entries go
-    /// stale when the padding is taken over or the node freed: a node holds padding exactly
-    /// when [`Node::padding`] says so. Compacted when full.
-    padded: Vec<u32>,
-    /// One bit per node: on the padded stack. A node reused for another padded allocation
-    /// while its old entry waits there is not pushed again (the entry names the node, not the
-    /// allocation); in the GPU-heap workload the same few hundred nodes carry each frame's
-    /// padded buffers.
-    noted: Vec<u64>,
+    /// Nodes that hold padding (see the module docs), pushed as they are made.
+    padded: PaddedStack,
     /// Nodes that hold padding now.
     padded_count: u32,
     /// Vacant nodes, most recently vacated last. A stack of indices rather than a chain
@@ -438,8 +474,10 @@ impl Tlsf {
     pub(crate) fn new(capacity: u64) -> Self {
         let mut t = Tlsf {
             nodes: Arena::new(),
-            padded: Vec::new(),
-            noted: Vec::new(),
+            padded: PaddedStack {
+                entries: Vec::new(),
+                noted: Vec::new(),
+            },
             padded_count: 0,
             vacant: Vec::new(),
             first: NIL,
@@ -497,8 +535,31 @@ impl Tlsf {
         // The block refuses allocations before the arena reaches MAX_NODES.
         debug_assert!(self.nodes.len() < MAX_NODES);
         let i = self.nodes.len() as u32;
-        self.nodes.push(Node::VACANT);
+        let v = &mut self.nodes.v;
+        if v.len() == v.capacity() {
+            self.grow_arena();
+        }
+        let v = &mut self.nodes.v;
+        let len = v.len();
+        debug_assert!(len < v.capacity());
+        // SAFETY: `grow_arena` left room for one more node when there was none, so `len` is
+        // below the capacity; the node is written before the length covers it. (The same
+        // check `Vec::push` makes, which would not keep `padded` in step.)
+        unsafe {
+            v.as_mut_ptr().add(len).write(Node::VACANT);
+            v.set_len(len + 1);
+        }
         i
+    }
+
+    /// Makes room for more nodes, and for them in the padded stack (out of line: the arena
+    /// doubles).
+    #[cold]
+    #[inline(never)]
+    fn grow_arena(&mut self) {
+        self.nodes.v.reserve(1);
+        // Node `i` is `v[i + 1]`: one slot less than the capacity.
+        self.padded.fit(self.nodes.v.capacity() - 1);
     }
 
     /// Node `i` leaves the block (merged into a neighbour).
@@ -600,66 +661,33 @@ impl Tlsf {
         self.link(i, list_index(size), offset, size);
     }
 
-    /// Makes room to note one more node holding padding. Called before the node is written:
-    /// an entry of an earlier life of that node must not be dropped as stale meanwhile.
-    #[inline(always)]
-    fn reserve_padded(&mut self) {
-        if self.padded.len() == self.padded.capacity() {
-            self.compact_padded();
-        }
-    }
-
-    /// Notes that node `i` now holds padding (after [`Tlsf::reserve_padded`]).
+    /// Notes that node `i` now holds padding.
     #[inline(always)]
     fn add_padded(&mut self, i: u32) {
         debug_assert!((i as usize) < self.nodes.len());
         let (word, bit) = (i as usize / 64, 1u64 << (i % 64));
-        if word >= self.noted.len() {
-            self.grow_noted();
-        }
-        // SAFETY: `noted` has a bit for every node of the arena (`grow_noted`), and `i` is a
-        // node of the arena (it was just taken).
-        let w = unsafe { self.noted.get_unchecked_mut(word) };
+        let stack = &mut self.padded;
+        debug_assert!(word < stack.noted.len(), "noted has no bit for node {i}");
+        // SAFETY: `noted` has a bit for every node the arena has room for (the invariant of
+        // `PaddedStack`), and `i` is a node of the arena (it was just taken).
+        let w = unsafe { stack.noted.get_unchecked_mut(word) };
         if *w & bit == 0 {
             *w |= bit;
-            let len = self.padded.len();
-            debug_assert!(len < self.padded.capacity(), "reserve_padded made no room");
-            // SAFETY: `reserve_padded` left room for one more entry, so `len` is below the
-            // stack's capacity; the entry is written before the length covers it.
+            let len = stack.entries.len();
+            debug_assert!(
+                len < stack.entries.capacity(),
+                "no room on the padded stack"
+            );
+            // SAFETY: every entry has its own bit, and node `i`'s was clear, so the stack
+            // holds fewer entries than the arena has nodes, and it has room for one per node
+            // the arena has room for: `len` is below its capacity. The entry is written before
+            // the length covers it.
             unsafe {
-                self.padded.as_mut_ptr().add(len).write(i);
-                self.padded.set_len(len + 1);
+                stack.entries.as_mut_ptr().add(len).write(i);
+                stack.entries.set_len(len + 1);
             }
         }
         self.padded_count += 1;
-    }
-
-    /// Gives `noted` a bit for every node of the arena (out of line: a block filling up
-    /// from empty comes here once every 64 nodes).
-    #[cold]
-    #[inline(never)]
-    fn grow_noted(&mut self) {
-        self.noted.resize(self.nodes.len().div_ceil(64), 0);
-    }
-
-    /// Drops stale entries from the padded stack, and makes room for as many again: amortised
-    /// O(1) per entry.
-    #[cold]
-    #[inline(never)]
-    fn compact_padded(&mut self) {
-        let mut stack = std::mem::take(&mut self.padded);
-        stack.retain(|&i| {
-            let keep = self.node(i).is_padded();
-            if !keep {
-                self.noted[i as usize / 64] &= !(1 << (i % 64));
-            }
-            keep
-        });
-        debug_assert_eq!(stack.len(), self.padded_count as usize);
-        // Room for twice as many again and then some: the walk above is then paid by at
-        // least as many pushes as it looked at entries.
-        stack.reserve(2 * stack.len() + 1024);
-        self.padded = stack;
     }
 
     /// Gives the padding of every node that holds some a free node of its own, in its list
@@ -667,13 +695,14 @@ impl Tlsf {
     #[cold]
     #[inline(never)]
     fn list_padding(&mut self) {
-        let mut stack = std::mem::take(&mut self.padded);
-        for &i in &stack {
+        // By index: `new_node` below may grow the arena, and the stack's room with it.
+        for k in 0..self.padded.entries.len() {
+            let i = self.padded.entries[k];
             let (offset, pad, prev) = {
                 let n = self.node(i);
                 (n.offset, n.padding(), n.prev_phys)
             };
-            self.noted[i as usize / 64] &= !(1 << (i % 64));
+            self.padded.noted[i as usize / 64] &= !(1 << (i % 64));
             if pad == 0 {
                 continue;
             }
@@ -701,8 +730,7 @@ impl Tlsf {
                 self.first = p;
             }
         }
-        stack.clear();
-        self.padded = stack;
+        self.padded.entries.clear();
         self.padded_count = 0;
     }
 
@@ -1055,9 +1083,6 @@ impl Tlsf {
             at,
             "an allocation starts at its first aligned offset"
         );
-        if pad > 0 {
-            self.reserve_padded();
-        }
         *self.node_mut(u) = taken;
         if pad > 0 {
             self.add_padded(u);
@@ -1296,7 +1321,6 @@ impl Tlsf {
         self.nodes.clear();
         self.vacant.clear();
         self.padded.clear();
-        self.noted.clear();
         self.padded_count = 0;
         self.first = NIL;
         self.last = NIL;
@@ -1407,7 +1431,6 @@ impl Tlsf {
         self.nodes.clear();
         self.vacant.clear();
         self.padded.clear();
-        self.noted.clear();
         self.padded_count = 0;
         self.first = NIL;
         self.last = NIL;
@@ -1464,7 +1487,7 @@ impl Tlsf {
                 i = n.next_free;
             }
         }
-        for &i in &self.padded {
+        for &i in &self.padded.entries {
             best = best.max(self.nodes[i as usize].padding());
         }
         best
@@ -1523,10 +1546,36 @@ impl Tlsf {
         let mut totals = FreeTotals::default();
         let mut padded = 0u32;
         let mut on_stack = vec![false; self.nodes.len()];
-        for &i in &self.padded {
-            *on_stack
+        for &i in &self.padded.entries {
+            let seen = on_stack
                 .get_mut(i as usize)
-                .ok_or_else(|| format!("padded entry {i} out of the arena"))? = true;
+                .ok_or_else(|| format!("padded entry {i} out of the arena"))?;
+            if std::mem::replace(seen, true) {
+                return Err(format!("node {i} twice on the padded stack"));
+            }
+            if self.padded.noted[i as usize / 64] & 1 << (i % 64) == 0 {
+                return Err(format!("padded entry {i} without its bit"));
+            }
+        }
+        let bits: usize = self
+            .padded
+            .noted
+            .iter()
+            .map(|w| w.count_ones() as usize)
+            .sum();
+        if bits != self.padded.entries.len() {
+            return Err(format!(
+                "{bits} noted bits for {} padded entries",
+                self.padded.entries.len()
+            ));
+        }
+        let room = self.padded.noted.len() * 64;
+        if room < self.nodes.len() || self.padded.entries.capacity() < room {
+            return Err(format!(
+                "padded stack: room for {room} nodes and {} entries, {} nodes",
+                self.padded.entries.capacity(),
+                self.nodes.len()
+            ));
         }
         let mut cur = self.first;
         while cur != NIL {
@@ -1779,6 +1828,62 @@ mod tests {
         }
         t.validate().unwrap();
         assert!(compared > 1000);
+    }
+
+    #[test]
+    fn padded_stack_keeps_room_through_growth_clone_listing_and_restart() {
+        // The padded stack is pushed without a capacity check: its room must follow the
+        // arena as it grows, survive a clone (`Vec::clone` keeps only the length), a listing
+        // of the padding and a restart. `validate` checks the room and the bits.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut churn = |t: &mut Tlsf, live: &mut Vec<u32>, steps: usize| {
+            for _ in 0..steps {
+                let r = next();
+                if r % 3 == 0 && !live.is_empty() {
+                    let i = live.swap_remove((r / 3 % live.len() as u64) as usize);
+                    t.release(i);
+                    continue;
+                }
+                let size = next() % 300 + 1;
+                let align = [16u64, 64, 256][(next() % 3) as usize];
+                let Some((i, li, at)) = t.find(size, align, Strategy::Balanced) else {
+                    continue;
+                };
+                let kind = NodeKind::Used {
+                    meta: align.trailing_zeros(),
+                    generation: 1,
+                };
+                live.push(t.take(i, li, at, size, kind));
+            }
+            t.validate().unwrap();
+        };
+        let mut t = Tlsf::new(1 << 20);
+        let mut live = Vec::new();
+        churn(&mut t, &mut live, 3000);
+        assert!(t.padded_count > 0);
+        let mut copy = t.clone();
+        let mut copy_live = live.clone();
+        copy.validate().unwrap();
+        // More nodes than the original ever had: the clone's arena grows.
+        churn(&mut copy, &mut copy_live, 6000);
+        copy.list_all();
+        copy.validate().unwrap();
+        assert_eq!(copy.padded_count, 0);
+        churn(&mut copy, &mut copy_live, 2000);
+        for i in copy_live.drain(..) {
+            copy.release(i);
+        }
+        copy.validate().unwrap();
+        assert_eq!(copy.padded.entries.len(), 0);
+        churn(&mut copy, &mut copy_live, 2000);
+        // The original is untouched by all this.
+        churn(&mut t, &mut live, 1000);
     }
 
     #[test]
