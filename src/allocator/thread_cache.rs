@@ -87,14 +87,17 @@ pub(crate) const HOOK_CLOSED: u8 = 16;
 /// class and checks the budget's distance before letting the next few through.
 pub(crate) const HOOK_BUDGET: u8 = 64;
 /// Lane 0 only: a scoped tag was entered somewhere in the process, so a small block freed
-/// through the global allocator may be a tag's: the free fast path leaves lane 0 for the
-/// miss path, which reads the block's segment tag (see `crate::scope`). Never cleared.
+/// through the global allocator may be a tag's: the free fast path offers it to the current
+/// lane, which takes it if the block's segment tag is the lane's, else the miss path asks
+/// (see `crate::scope` and `Lane::plain_from`). Never cleared.
 pub(crate) const HOOK_TAGS: u8 = 32;
 /// Guarded sampling was turned on somewhere: in lane 0 and in the lanes of a tag that
-/// guards (or once did), frees ask whether a block is a guarded one (one range test, out of
-/// the straight line) and the allocation marks include the next guarded allocation of each
-/// class (see `ThreadCache::charge_guarded` and `crate::allocator::guarded`). Never cleared
-/// from lane 0: a guarded block may be freed long after the setting went.
+/// guards (or once did), frees must tell guarded blocks from others (lane 0 with the
+/// compare it makes anyway, `Lane::plain_from`: guarded blocks lie below the heap; child
+/// lanes with one range test, out of the straight line) and the allocation marks include
+/// the next guarded allocation of each class (see `ThreadCache::charge_guarded` and
+/// `crate::allocator::guarded`). Never cleared from lane 0: a guarded block may be freed
+/// long after the setting went.
 pub(crate) const HOOK_GUARD: u8 = 128;
 /// A cache that is new or dead sends everything down the general path, which checks the
 /// settings word itself and registers the cache.

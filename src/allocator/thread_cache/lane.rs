@@ -40,27 +40,23 @@ pub(super) fn freeing_limit(class: usize) -> u32 {
     FREEING_LIMITS[class]
 }
 
-/// [`bin_limit`] of every class.
-static BIN_LIMITS: [u32; CLASS_COUNT] = {
-    let mut limits = [0; CLASS_COUNT];
-    let mut class = 0;
-    while class < CLASS_COUNT {
-        limits[class] = bin_limit_of(class);
-        class += 1;
-    }
-    limits
-};
+/// `f(class)` for every class, computed at compile time.
+macro_rules! class_table {
+    ($f:ident) => {{
+        let mut table = [0; CLASS_COUNT];
+        let mut class = 0;
+        while class < CLASS_COUNT {
+            table[class] = $f(class);
+            class += 1;
+        }
+        table
+    }};
+}
 
+/// [`bin_limit`] of every class.
+static BIN_LIMITS: [u32; CLASS_COUNT] = class_table!(bin_limit_of);
 /// [`freeing_limit`] of every class.
-static FREEING_LIMITS: [u32; CLASS_COUNT] = {
-    let mut limits = [0; CLASS_COUNT];
-    let mut class = 0;
-    while class < CLASS_COUNT {
-        limits[class] = freeing_limit_of(class);
-        class += 1;
-    }
-    limits
-};
+static FREEING_LIMITS: [u32; CLASS_COUNT] = class_table!(freeing_limit_of);
 
 /// [`bin_limit`], computed.
 const fn bin_limit_of(class: usize) -> u32 {
