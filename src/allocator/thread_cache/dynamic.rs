@@ -1,10 +1,13 @@
-//! Lanes made on demand: a thread's lanes of the tags past the ones built into every cache.
+//! Lanes made on demand: a thread's lanes of child allocators' tags.
 //!
-//! A thread's first call of such a tag (an allocation in its scope, a free of one of its
+//! A thread's first call of a tag (an allocation in its scope, a free of one of its
 //! blocks, a call through its handle) makes the lane, from a pool shared by all threads; the
-//! lane goes back to the pool when the thread exits. The thread finds its lanes through a
-//! two-level table indexed by tag (16 pointers in the cache, and a table of 256 for each
-//! range of tags the thread uses), and the registry walks them through a list.
+//! lane goes back to the pool when the thread exits. The thread finds the lanes of the
+//! first tags through its cache's `scope_lanes` and the others through a two-level table
+//! indexed by tag (16 pointers in the cache, and a table of 256 for each range of tags the
+//! thread uses); the registry walks them all through a list. None of them lives in TLS: the
+//! C library writes a new thread's whole TLS block, so lanes there would cost every thread,
+//! even one that never uses a child allocator.
 //!
 //! The pool is part of the thread registry's list ([`ThreadList`]): lanes are made and given
 //! back under its lock, which the `fork()` handlers hold, so a forked child never finds the
@@ -60,20 +63,23 @@ impl DynamicLanes {
         unsafe { (*table).lanes[tag % PER_TABLE].as_ref() }
     }
 
-    /// Makes this thread's lane of `tag` (owner, under the registry lock that gave `list`);
-    /// `None` when the OS refuses memory. The lane is fresh: empty bins, zero counts, closed.
-    pub(super) fn make(&self, tag: Tag, list: &mut ThreadList) -> Option<&Lane> {
+    /// Makes this thread's lane of `tag` (owner, under the registry lock that gave `list`),
+    /// entered in the tables if `tabled` (the caller keeps the lanes of the first tags
+    /// itself); `None` when the OS refuses memory. The lane is fresh: empty bins, zero
+    /// counts, closed.
+    pub(super) fn make(&self, tag: Tag, tabled: bool, list: &mut ThreadList) -> Option<&Lane> {
         let index = usize::from(tag);
         let cell = self.tables.get(index / PER_TABLE)?;
-        if cell.get().is_null() {
+        if tabled && cell.get().is_null() {
             cell.set(list.take_table()?);
         }
         let lane = list.take_lane()?;
-        // SAFETY: the table is this thread's; the lane is fresh from the pool and ours.
-        unsafe {
-            (*cell.get()).lanes[index % PER_TABLE] = lane;
-            Some(&*lane)
+        if tabled {
+            // SAFETY: the table is this thread's; the lane is fresh from the pool and ours.
+            unsafe { (*cell.get()).lanes[index % PER_TABLE] = lane };
         }
+        // SAFETY: fresh from the pool and this thread's until it retires.
+        Some(unsafe { &*lane })
     }
 
     /// Lists a lane made by [`make`](Self::make) and set up, so walks reach it.
