@@ -1144,9 +1144,14 @@ unsafe fn lane_of_thread(lane: usize) -> Option<&'static Lane> {
     let addr = thread_pointer::address_at(lane)?;
     // `'static` stands for "this thread's lifetime": the reference never leaves the call.
     // SAFETY: the address of a child's entry in this thread's `scope_lanes` (the caller's
-    // contract), which holds the idle lane or a lane set up on this thread, valid until the
-    // thread retires (which puts the idle lane back first).
-    Some(unsafe { &*(*(addr as *const AtomicPtr<Lane>)).load(Relaxed) })
+    // contract), which holds the idle lane or a lane set up on this thread, never null (so
+    // the hint spares the fast paths a test), valid until the thread retires (which puts
+    // the idle lane back first).
+    unsafe {
+        let lane = (*(addr as *const AtomicPtr<Lane>)).load(Relaxed);
+        core::hint::assert_unchecked(!lane.is_null());
+        Some(&*lane)
+    }
 }
 
 /// Runs `f` on the calling thread's cache: found from the thread pointer where it can be
