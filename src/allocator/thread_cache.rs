@@ -24,7 +24,9 @@
 //! The cache also carries the thread's shards of the tagged allocators' counters
 //! ([`ShardSet`]), so they share its registration, thread-exit and fork handling: readers
 //! walk the same registry, and retiring a cache moves its shards' counts into the shared
-//! counters.
+//! counters. The set itself comes from a pool at registration and goes back at exit (a
+//! retired set is all zero, so the next thread takes it as it is), not from TLS, which the
+//! C library writes whole for every new thread.
 
 mod counts;
 mod dynamic;
@@ -203,8 +205,10 @@ pub(crate) struct ThreadCache {
     /// The tag whose next general-path small allocation guarded sampling chose (0: none):
     /// set where a lane's countdown ran out, taken at the bottom of the general path.
     guard_request: Cell<Tag>,
-    /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`).
-    shards: ShardSet,
+    /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`):
+    /// taken from the pool when the cache registers, so never null while it is active and
+    /// listed; given back (and null again) when it retires.
+    shards: AtomicPtr<ShardSet>,
     state: Cell<u8>,
     next: AtomicPtr<ThreadCache>,
     prev: AtomicPtr<ThreadCache>,
@@ -235,7 +239,7 @@ impl ThreadCache {
             dynamic: DynamicLanes::new(),
             sample_rng: Cell::new(0),
             guard_request: Cell::new(0),
-            shards: ShardSet::new(),
+            shards: AtomicPtr::new(null_mut()),
             state: Cell::new(STATE_NEW),
             next: AtomicPtr::new(null_mut()),
             prev: AtomicPtr::new(null_mut()),
@@ -560,6 +564,16 @@ impl ThreadCache {
         let also_heap = if also == entered { None } else { heap_of(also) };
         set_limits(self.system());
         let mut list = THREADS.lock();
+        let Some(shards) = list.take_shard_set() else {
+            // Out of memory: no counter shards, so no cache (the thread counts in the
+            // shared atomics); the exit hook must not retire a cache that never registered.
+            drop(list);
+            self.state.set(STATE_DEAD);
+            // SAFETY: clearing this thread's own value of the key it set above.
+            unsafe { libc::pthread_setspecific(key, null_mut()) };
+            return;
+        };
+        self.shards.store(shards, Relaxed);
         // SAFETY: this thread's lane 0, its limits set and its bins empty; the lock is held.
         unsafe { list.adopt(0, self.system()) };
         self.scope_lanes[0].store(ptr::from_ref(self.system()).cast_mut(), Relaxed);
@@ -636,7 +650,8 @@ impl ThreadCache {
         }
         // SAFETY: under the registry lock; the lanes are flushed, absorbed and shut.
         unsafe { self.dynamic.release_all(list) };
-        self.shards.retire(list);
+        // Publishing may walk every listed cache's shards, this one's included.
+        self.active_shards().retire(list);
         let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
         // SAFETY: neighbours are registered caches, valid under the registry lock.
         unsafe {
@@ -651,6 +666,12 @@ impl ThreadCache {
         }
         list.count -= 1;
         REGISTERED.store(list.count, Relaxed);
+        // Off the list now, so no reader reaches the set through this cache.
+        let shards = self.shards.swap(null_mut(), Relaxed);
+        // SAFETY: the set this cache took at registration, no longer used by the exiting
+        // owner nor reachable by readers; all zero after its `retire` above, as the next
+        // thread to take it needs; the registry lock is held.
+        unsafe { list.give_shard_set(shards) };
     }
 
     /// Clears the counts and closes the limits of lane 0 after [`retire`](Self::retire).
@@ -2037,7 +2058,7 @@ pub(crate) fn with_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> Option<R> {
         if tc.state.get() != STATE_ACTIVE && !tc.activate() {
             return None;
         }
-        Some(f(&tc.shards))
+        Some(f(tc.active_shards()))
     })
 }
 
@@ -2059,7 +2080,7 @@ pub(crate) fn with_live_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> R {
             STATE_ACTIVE,
             "shards counted after retirement"
         );
-        f(&tc.shards)
+        f(tc.active_shards())
     })
 }
 
@@ -2072,11 +2093,23 @@ pub(crate) fn with_active_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> Option<R>
         if tc.state.get() != STATE_ACTIVE {
             return None;
         }
-        Some(f(&tc.shards))
+        Some(f(tc.active_shards()))
     })
 }
 
 impl ThreadCache {
+    /// The cache's counter shards; the cache is active (or listed, for a reader holding
+    /// the registry lock), so it holds a set.
+    #[inline(always)]
+    fn active_shards(&self) -> &ShardSet {
+        let set = self.shards.load(Relaxed);
+        debug_assert!(!set.is_null(), "counter shards of a cache not registered");
+        // SAFETY: an active or listed cache holds a set from the pool (taken in `register`
+        // before the cache is active or listed, given back only once it is neither), which
+        // stays valid as long as it is held.
+        unsafe { &*set }
+    }
+
     /// Registers a new cache; returns whether the cache is usable.
     #[cold]
     #[inline(never)]
@@ -2115,7 +2148,7 @@ impl ThreadList {
             // SAFETY: registered caches are valid while the registry lock is held (a
             // `&ThreadList` is only reachable under it).
             unsafe {
-                f(&(*tc).shards);
+                f((*tc).active_shards());
                 tc = (*tc).next.load(Relaxed);
             }
         }

@@ -16,6 +16,7 @@
 use super::{HOOKS_UNREGISTERED, Lane, ThreadList};
 use crate::os::{OsAllocator, PageSource};
 use crate::schema::hpha::{MAX_TAGS, Tag};
+use crate::stats::ShardSet;
 use core::cell::Cell;
 use core::ptr::{self, null_mut};
 use core::sync::atomic::{AtomicPtr, Ordering::*};
@@ -128,7 +129,7 @@ impl DynamicLanes {
     }
 }
 
-/// Free lanes and tables of every thread, kept in the registry's list.
+/// Free lanes, tables and counter shard sets of every thread, kept in the registry's list.
 pub(super) struct LanePool {
     /// Lanes given back by exited threads, linked through [`Lane::next`].
     lanes: *mut Lane,
@@ -138,6 +139,9 @@ pub(super) struct LanePool {
     /// untouched memory (a lane is about 5 KiB).
     fresh: *mut Lane,
     fresh_left: usize,
+    /// Counter shard sets given back by exited threads (all zero again, see
+    /// `ShardSet::retire`), linked through `ShardSet::pool_next`.
+    shard_sets: *mut ShardSet,
 }
 
 impl LanePool {
@@ -147,6 +151,7 @@ impl LanePool {
             tables: null_mut(),
             fresh: null_mut(),
             fresh_left: 0,
+            shard_sets: null_mut(),
         }
     }
 }
@@ -188,6 +193,43 @@ impl ThreadList {
         self.pool.lanes = lane;
     }
 
+    /// A counter shard set for a registering thread: one given back (left as the exiting
+    /// thread's `retire` zeroed it, so a short-lived thread writes nothing here), else a
+    /// slab's worth made at once. `None` when the OS refuses memory.
+    pub(super) fn take_shard_set(&mut self) -> Option<*mut ShardSet> {
+        if self.pool.shard_sets.is_null() {
+            let slab = map_slab()?.cast::<ShardSet>();
+            for i in 0..SLAB / size_of::<ShardSet>() {
+                // SAFETY: the slab is mapped for shard sets and aligned for them
+                // (`map_slab`); set `i` fits in it; each is made whole before it is pooled.
+                unsafe {
+                    let set = slab.add(i);
+                    set.write(ShardSet::new());
+                    (*set).pool_next.store(self.pool.shard_sets, Relaxed);
+                    self.pool.shard_sets = set;
+                }
+            }
+        }
+        let set = self.pool.shard_sets;
+        // SAFETY: pooled sets are valid and owned by the pool; this one leaves it.
+        unsafe {
+            self.pool.shard_sets = (*set).pool_next.load(Relaxed);
+            debug_assert!((*set).is_clear(), "a pooled counter shard set holds counts");
+        }
+        Some(set)
+    }
+
+    /// Takes back a counter shard set.
+    ///
+    /// # Safety
+    /// `set` came from [`take_shard_set`](Self::take_shard_set), nothing uses it any more,
+    /// and its counts are zero (`ShardSet::retire`).
+    pub(super) unsafe fn give_shard_set(&mut self, set: *mut ShardSet) {
+        // SAFETY: forwarded from the caller.
+        unsafe { (*set).pool_next.store(self.pool.shard_sets, Relaxed) };
+        self.pool.shard_sets = set;
+    }
+
     /// A zeroed table from the pool.
     fn take_table(&mut self) -> Option<*mut LaneTable> {
         if self.pool.tables.is_null() {
@@ -224,7 +266,10 @@ impl ThreadList {
 /// Maps a slab for the pool; `None` when the OS refuses. Slabs are never unmapped: lanes
 /// of exited threads serve the next ones.
 fn map_slab() -> Option<*mut u8> {
-    const { assert!(align_of::<Lane>() <= 4096 && align_of::<LaneTable>() <= 4096) };
+    const {
+        assert!(align_of::<Lane>() <= 4096 && align_of::<LaneTable>() <= 4096);
+        assert!(align_of::<ShardSet>() <= 4096 && size_of::<ShardSet>() <= SLAB);
+    };
     let p = OsAllocator.map(SLAB, OsAllocator.granularity(), 0);
     (!p.is_null()).then_some(p)
 }
