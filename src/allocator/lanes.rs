@@ -11,12 +11,10 @@
 //! live blocks and granted bytes are the lane's per-class counts, summed over threads when a
 //! snapshot is taken, exactly as the `SystemAllocator`'s own are.
 //!
-//! A thread's lane of a tag is made on its first use of the tag, from a pool shared by all
-//! threads (none lives in TLS, so a thread that uses no child pays nothing for them). The
-//! first [`CHILD_LANES`] tags' lanes are found from an entry of the cache at a fixed offset
-//! from the thread pointer, which their handles' inlined fast paths use (one add and one
-//! load); the others through a table (their handles' calls go through one out-of-line step
-//! more). Tags run out at [`MAX_TAGS`]: a child claiming one
+//! The first [`CHILD_LANES`] tags have lanes built into every cache, at a fixed offset from
+//! the thread pointer, which their handles' inlined fast paths use; the others get lanes
+//! made on a thread's first use of them and found through a table (their handles' calls go
+//! through one out-of-line step more). Tags run out at [`MAX_TAGS`]: a child claiming one
 //! after that counts in its shards, with its parent's blocks, and cannot be entered.
 //!
 //! **Segregation.** A lane's bins only ever hold blocks of its tag's segments: refills come
@@ -357,7 +355,7 @@ pub(crate) fn claim(registration: &'static Registration) {
     registration.register();
     // Misuse messages of small blocks name the allocator of the block's segment.
     crate::fatal::set_tag_namer(|tag| owner(tag).map(|r| r.name()));
-    // The first tags' lanes are found from the thread pointer, whose offset to the caches the
+    // A built-in lane is found from the thread pointer, whose offset to the caches the
     // first cache to register learns.
     thread_cache::register_current();
     {
@@ -525,16 +523,13 @@ pub(crate) fn add_to(threads: &ThreadList, tags: &TagSet, sum: &mut ShardSum) {
 mod tests {
     use super::*;
 
-    use crate::thread_cache::{LANES, scope_lane_offset};
+    use crate::thread_cache::{LANES, lane_offset};
 
     #[test]
-    fn lane_entries_stay_inside_the_cache() {
-        let last = scope_lane_offset(LANES - 1) + size_of::<usize>();
+    fn lane_offsets_stay_inside_the_cache() {
+        let last = lane_offset(LANES - 1) + size_of::<Lane>();
         assert!(last <= size_of::<thread_cache::ThreadCache>());
-        assert_eq!(
-            scope_lane_offset(1) - scope_lane_offset(0),
-            size_of::<usize>()
-        );
+        assert_eq!(lane_offset(1) - lane_offset(0), size_of::<Lane>());
         eprintln!(
             "lane {} B, thread cache {} B",
             size_of::<Lane>(),

@@ -166,9 +166,9 @@ pub struct Counters {
     /// the set's address with no multiply; [`UNSET`] before a slot is chosen, [`NO_SLOT`]
     /// when none is left), and [`EXACT`] while a budget routes calls to the atomics.
     route: AtomicU32,
-    /// Where each thread's cache keeps the allocator's lane, as an offset from the thread
-    /// pointer to the cache's entry for it (the same in every thread; see `lanes`), for a
-    /// child of the `SystemAllocator` among the first tags; 0 otherwise.
+    /// Where the allocator's lane of the thread caches sits, as an offset from the thread
+    /// pointer (the same in every thread; see `lanes`), for a child of the `SystemAllocator`
+    /// whose lane is one of the few built into every cache; 0 otherwise.
     lane: AtomicUsize,
     /// The allocator's tag (see `lanes`): [`TAG_UNCLAIMED`] before it asked for one,
     /// [`TAG_NONE`] if none was left, else the tag, which names its lane in every thread
@@ -365,8 +365,7 @@ impl Counters {
     }
 
     /// Records the outcome of asking for a tag (under the thread registry's lock): the tag,
-    /// and the offset of its lane's entry from the thread pointer if it is one of the first
-    /// tags.
+    /// and the offset of its lane from the thread pointer if it is built into every cache.
     pub(crate) fn set_tag(&self, tag: Option<Tag>, lane_offset: Option<usize>) {
         if let Some(offset) = lane_offset {
             self.lane.store(offset, Relaxed);

@@ -24,9 +24,7 @@
 //! The cache also carries the thread's shards of the tagged allocators' counters
 //! ([`ShardSet`]), so they share its registration, thread-exit and fork handling: readers
 //! walk the same registry, and retiring a cache moves its shards' counts into the shared
-//! counters. The set itself comes from a pool at registration and goes back at exit (a
-//! retired set is all zero, so the next thread takes it as it is), not from TLS, which the
-//! C library writes whole for every new thread.
+//! counters.
 
 mod counts;
 mod dynamic;
@@ -51,7 +49,9 @@ use crate::sync::{OnceFlag, TicketGuard, TicketLock};
 use core::alloc::Layout;
 use core::cell::Cell;
 use core::ptr::{self, NonNull, null_mut};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*, fence};
+use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*, fence,
+};
 
 /// Marks the branch that calls it as unlikely (`core::hint::cold_path` on newer compilers):
 /// a call to an empty cold function, which inlining removes but whose weight stays.
@@ -165,81 +165,66 @@ impl FrontTotals {
     }
 }
 
-/// Lanes a thread cache finds with one load: lane 0 for the `SystemAllocator`, then
-/// [`CHILD_LANES`] for child allocators.
+/// Lanes per thread cache: lane 0 for the `SystemAllocator`, then [`CHILD_LANES`] for child
+/// allocators.
 pub(crate) const LANES: usize = CHILD_LANES + 1;
-/// How many child allocators' lanes a thread finds through its cache's
-/// [`scope_lanes`](ThreadCache::scope_lanes), so that their handles' fast paths reach them
-/// from the thread pointer (the first tags handed out); the lanes of later tags are found
-/// through a table (see [`DynamicLanes`]).
+/// How many child allocators get a lane of their own (the first ones to allocate); later
+/// ones count in the tagged counters' per-thread shards instead.
 pub(crate) const CHILD_LANES: usize = 7;
 
 /// One thread's cache. Lives in TLS; other threads only read its counters and, under the
 /// registry lock, its links and its child lanes' gates.
 #[repr(C)]
 pub(crate) struct ThreadCache {
-    /// The `SystemAllocator`'s lane (lane 0), the only one in TLS: every child lane comes
-    /// from the lane pool on the thread's first use of its tag (see [`DynamicLanes`]), so a
-    /// new thread's TLS block, which the C library writes whole for every thread, stays
-    /// small (with seven child lanes here it was 48.6 KiB, most of a short-lived thread's
-    /// cache misses). See [`Lane`] and `crate::allocator::lanes`.
-    system_lane: Lane,
+    /// Lane 0 is the `SystemAllocator`'s, lane `i` (up to [`CHILD_LANES`]) tag `i`'s; see
+    /// [`Lane`] and `crate::allocator::lanes`.
+    lanes: [Lane; LANES],
     /// The lane the global allocator's small fast path takes blocks from: lane 0, or the
     /// lane of the scoped tag entered on this thread once it is set up here (until then, and
     /// before the cache registers, a lane that serves nothing, so the fast path misses).
     current: Cell<*const Lane>,
     /// The scoped tag entered on this thread (0: none; see `crate::scope`).
     current_tag: Cell<Tag>,
-    /// Per tag `i < LANES`, the thread's lane of it while it is set up on this live cache:
-    /// what entering a scope of the tag makes [`current`](Self::current), and where the
-    /// tag's handles find the lane from the thread pointer, in one load each. Lane 0's is
-    /// null until the cache registers (then [`system_lane`](Self::system_lane), kept); the
-    /// others are the idle lane while not set up (set in `set_up_lane_locked`, reset when the
-    /// cache retires), so that a handle's fast path needs no test to miss on them.
+    /// Per built-in lane, the lane while it is set up on this live cache, else null:
+    /// what entering a scope of tag `i < LANES` makes [`current`](Self::current), in one
+    /// load. Set with the lane's bit in [`lanes_used`](Self::lanes_used) (lane 0's when the
+    /// cache registers, and kept), the others cleared when the cache retires.
     scope_lanes: [AtomicPtr<Lane>; LANES],
-    /// The child lanes, made on this thread's first use of each tag (a thread pays, at
-    /// registration, exit, flushes and snapshots, only for the lanes it uses).
+    /// The lanes this thread has opened (bit `i`: lane `i`; lane 0 always): a child lane is
+    /// set up on the thread's first call through it, so a thread pays (at registration, exit,
+    /// flushes and snapshots) only for the lanes it uses. Changed under the registry lock.
+    lanes_used: AtomicU32,
+    /// Lanes of the tags past the built-in ones, made on this thread's first use of each.
     dynamic: DynamicLanes,
     /// The owner's generator for sample countdowns (0 until seeded).
     sample_rng: Cell<u64>,
     /// The tag whose next general-path small allocation guarded sampling chose (0: none):
     /// set where a lane's countdown ran out, taken at the bottom of the general path.
     guard_request: Cell<Tag>,
-    /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`):
-    /// taken from the pool when the cache registers, so never null while it is active and
-    /// listed; given back (and null again) when it retires.
-    shards: AtomicPtr<ShardSet>,
+    /// Counter shards of tagged allocators (owner writes, readers sum under `THREADS`).
+    shards: ShardSet,
     state: Cell<u8>,
     next: AtomicPtr<ThreadCache>,
     prev: AtomicPtr<ThreadCache>,
 }
 
-/// The byte offset of [`ThreadCache::scope_lanes`]`[index]` from the start of a cache.
-pub(crate) const fn scope_lane_offset(index: usize) -> usize {
-    core::mem::offset_of!(ThreadCache, scope_lanes) + index * size_of::<AtomicPtr<Lane>>()
-}
-
-/// The idle lane, as the pointer [`ThreadCache::scope_lanes`] holds for a lane not set up.
-const IDLE: *mut Lane = ptr::addr_of!(IDLE_LANE.0).cast_mut();
-
-/// [`ThreadCache::scope_lanes`] of a new cache.
-const fn new_scope_lanes() -> [AtomicPtr<Lane>; LANES] {
-    let mut lanes = [const { AtomicPtr::new(IDLE) }; LANES];
-    lanes[0] = AtomicPtr::new(null_mut());
-    lanes
+/// The byte offset of lane `index` from the start of a [`ThreadCache`].
+pub(crate) const fn lane_offset(index: usize) -> usize {
+    core::mem::offset_of!(ThreadCache, lanes) + index * size_of::<Lane>()
 }
 
 impl ThreadCache {
     const fn new() -> Self {
         Self {
-            system_lane: Lane::new(HOOKS_UNREGISTERED),
+            lanes: [const { Lane::new(HOOKS_UNREGISTERED) }; LANES],
             current: Cell::new(ptr::addr_of!(IDLE_LANE.0)),
             current_tag: Cell::new(0),
-            scope_lanes: new_scope_lanes(),
+            scope_lanes: [const { AtomicPtr::new(null_mut()) }; LANES],
+            lanes_used: AtomicU32::new(1),
             dynamic: DynamicLanes::new(),
             sample_rng: Cell::new(0),
             guard_request: Cell::new(0),
-            shards: AtomicPtr::new(null_mut()),
+            shards: ShardSet::new(),
             state: Cell::new(STATE_NEW),
             next: AtomicPtr::new(null_mut()),
             prev: AtomicPtr::new(null_mut()),
@@ -249,28 +234,28 @@ impl ThreadCache {
     /// The `SystemAllocator`'s lane.
     #[inline(always)]
     fn system(&self) -> &Lane {
-        &self.system_lane
+        &self.lanes[0]
     }
 
-    /// The lanes this thread uses, with their tags (lane 0 first, then the child lanes set
-    /// up on this thread).
+    /// The lanes this thread uses, with their tags (lane 0 first, then the built-in child
+    /// lanes, then those made on demand).
     fn used_lanes(&self) -> impl Iterator<Item = (Tag, &Lane)> {
-        core::iter::once((0, self.system()))
-            .chain(self.dynamic.iter().map(|lane| (lane.tag(), lane)))
+        let used = self.lanes_used.load(Relaxed);
+        let built_in = self
+            .lanes
+            .iter()
+            .enumerate()
+            .filter(move |(index, _)| used & (1 << index) != 0)
+            .map(|(index, lane)| (index as Tag, lane));
+        built_in.chain(self.dynamic.iter().map(|lane| (lane.tag(), lane)))
     }
 
     /// This thread's lane of `tag` if it is set up (lane 0 always is).
     #[inline]
     fn lane_of(&self, tag: Tag) -> Option<&Lane> {
         let index = usize::from(tag);
-        if index == 0 {
-            return Some(self.system());
-        }
         if index < LANES {
-            let lane = self.scope_lanes[index].load(Relaxed);
-            // SAFETY: a pointer other than the idle lane's is a lane set up on this thread,
-            // valid until it retires (when the entry goes back to the idle lane).
-            return (lane != IDLE).then(|| unsafe { &*lane });
+            return (self.lanes_used.load(Relaxed) & (1 << index) != 0).then(|| &self.lanes[index]);
         }
         self.dynamic.get(tag)
     }
@@ -563,17 +548,13 @@ impl ThreadCache {
         let entered_heap = heap_of(entered);
         let also_heap = if also == entered { None } else { heap_of(also) };
         set_limits(self.system());
+        if entered_heap.is_some() {
+            self.set_built_in_limits(entered);
+        }
+        if also_heap.is_some() {
+            self.set_built_in_limits(also);
+        }
         let mut list = THREADS.lock();
-        let Some(shards) = list.take_shard_set() else {
-            // Out of memory: no counter shards, so no cache (the thread counts in the
-            // shared atomics); the exit hook must not retire a cache that never registered.
-            drop(list);
-            self.state.set(STATE_DEAD);
-            // SAFETY: clearing this thread's own value of the key it set above.
-            unsafe { libc::pthread_setspecific(key, null_mut()) };
-            return;
-        };
-        self.shards.store(shards, Relaxed);
         // SAFETY: this thread's lane 0, its limits set and its bins empty; the lock is held.
         unsafe { list.adopt(0, self.system()) };
         self.scope_lanes[0].store(ptr::from_ref(self.system()).cast_mut(), Relaxed);
@@ -614,11 +595,12 @@ impl ThreadCache {
     /// The owning thread is exiting (or gone, in a forked child); `list` is the locked
     /// registry containing this cache.
     ///
-    /// The caller then clears lane 0's counts and limits with
-    /// [`shut_system_lane`](Self::shut_system_lane), after releasing the lock: once the
-    /// cache left the list nothing else reaches it, so that work need not hold up the
+    /// Returns the built-in lanes (a bit each) whose counts and limits the caller clears
+    /// with [`shut_built_in`](Self::shut_built_in), after releasing the lock: once the
+    /// cache left the list nothing else reaches them, so that work need not hold up the
     /// threads waiting for the lock.
-    unsafe fn retire(&self, list: &mut ThreadList) {
+    #[must_use]
+    unsafe fn retire(&self, list: &mut ThreadList) -> u32 {
         // Each lane's bins are parked whole for the next thread of that tag, or, with no room
         // left, given back to the heap.
         for (tag, lane) in self.used_lanes() {
@@ -642,16 +624,17 @@ impl ThreadCache {
             // SAFETY: as above. The counts are zero now and the bins empty.
             unsafe { lane.shut() };
         }
-        // Child lanes go back to the pool for other threads; from now on a scoped call of
-        // this thread takes its tag's general path (see `lane_for_scope`).
-        self.current.set(self.system());
+        let built_in = self.lanes_used.load(Relaxed);
+        // Lanes made on demand go back to the pool for other threads; from now on a scoped
+        // call of this thread takes its tag's general path (see `lane_for_scope`).
+        self.current.set(&self.lanes[0]);
+        self.lanes_used.store(1, Relaxed);
         for lane in &self.scope_lanes[1..] {
-            lane.store(IDLE, Relaxed);
+            lane.store(null_mut(), Relaxed);
         }
         // SAFETY: under the registry lock; the lanes are flushed, absorbed and shut.
         unsafe { self.dynamic.release_all(list) };
-        // Publishing may walk every listed cache's shards, this one's included.
-        self.active_shards().retire(list);
+        self.shards.retire(list);
         let (prev, next) = (self.prev.load(Relaxed), self.next.load(Relaxed));
         // SAFETY: neighbours are registered caches, valid under the registry lock.
         unsafe {
@@ -666,26 +649,24 @@ impl ThreadCache {
         }
         list.count -= 1;
         REGISTERED.store(list.count, Relaxed);
-        // Off the list now, so no reader reaches the set through this cache.
-        let shards = self.shards.swap(null_mut(), Relaxed);
-        // SAFETY: the set this cache took at registration, no longer used by the exiting
-        // owner nor reachable by readers; all zero after its `retire` above, as the next
-        // thread to take it needs; the registry lock is held.
-        unsafe { list.give_shard_set(shards) };
+        built_in
     }
 
-    /// Clears the counts and closes the limits of lane 0 after [`retire`](Self::retire).
-    /// The cache is off the registry's list, so no lock is needed.
+    /// Clears the counts and closes the limits of the built-in lanes `retire` returned (a
+    /// bit each). The cache is off the registry's list, so no lock is needed.
     ///
     /// # Safety
     /// After [`retire`](Self::retire) of this cache, by the thread that called it, before
     /// anything else uses the cache (its thread is exiting or gone).
-    unsafe fn shut_system_lane(&self) {
-        let lane = self.system();
-        lane.reset_counts();
-        // SAFETY: forwarded from the caller; the lane's bins are empty (parked or flushed by
-        // `retire`) and its counts handed on.
-        unsafe { lane.shut() };
+    unsafe fn shut_built_in(&self, lanes: u32) {
+        for (index, lane) in self.lanes.iter().enumerate() {
+            if lanes & (1 << index) != 0 {
+                lane.reset_counts();
+                // SAFETY: forwarded from the caller; the lane's bins are empty (parked or
+                // flushed by `retire`) and its counts handed on.
+                unsafe { lane.shut() };
+            }
+        }
     }
 }
 
@@ -710,13 +691,23 @@ impl ThreadCache {
             return None;
         }
         let heap = HEAP.small_heap_of(tag)?;
+        self.set_built_in_limits(tag);
         let mut list = THREADS.lock();
         self.set_up_lane_locked(tag, heap, &mut list)
     }
 
+    /// Sets the bin limits of `tag`'s built-in lane (none for a tag past them), before
+    /// [`set_up_lane_locked`](Self::set_up_lane_locked) lists it: the lane is unused and
+    /// unlisted, so this needs no lock, and the registry lock is held shorter.
+    fn set_built_in_limits(&self, tag: Tag) {
+        if let Some(lane) = self.lanes.get(usize::from(tag)) {
+            set_limits(lane);
+        }
+    }
+
     /// [`set_up_lane`](Self::set_up_lane) with the registry lock held (`list`): under it,
     /// as `refresh` writes gates, so that once the lane is listed every later change reaches
-    /// it. The lane comes from the list's pool. The cache is active.
+    /// it. Lanes made on demand come from the list's pool. The cache is active.
     fn set_up_lane_locked(
         &self,
         tag: Tag,
@@ -724,15 +715,23 @@ impl ThreadCache {
         list: &mut ThreadList,
     ) -> Option<&Lane> {
         let index = usize::from(tag);
-        let lane = self.dynamic.make(tag, index >= LANES, list)?;
-        set_limits(lane);
+        let lane = if index < LANES {
+            // Its limits were set before the lock was taken (see `set_built_in_limits`).
+            &self.lanes[index]
+        } else {
+            let lane = self.dynamic.make(tag, list)?;
+            set_limits(lane);
+            lane
+        };
         lane.set_tag(tag, heap);
         // SAFETY: this thread's lane, set up with its limits and empty bins; the lock is held.
         unsafe { list.adopt(tag, lane) };
-        // SAFETY: the lane was made for this thread and is set up; the lock is held.
-        unsafe { self.dynamic.link(lane) };
         if index < LANES {
+            self.lanes_used.fetch_or(1 << index, Relaxed);
             self.scope_lanes[index].store(ptr::from_ref(lane).cast_mut(), Relaxed);
+        } else {
+            // SAFETY: the lane was made for this thread and is set up; the lock is held.
+            unsafe { self.dynamic.link(lane) };
         }
         set_lane_gate(lane, lanes::gate(tag));
         if self.current_tag.get() == tag {
@@ -746,19 +745,17 @@ impl ThreadCache {
     /// (the fast path then misses, and the miss path sets the lane up or takes the tag's
     /// general path).
     ///
-    /// Inline for the first tags' lanes: [`scope_lanes`](Self::scope_lanes) holds the lane
-    /// while it is set up (only on an active cache, in `set_up_lane_locked`, and reset when
-    /// it retires) and the idle lane otherwise, so entering and leaving such a scope call
-    /// nothing.
+    /// Inline for a built-in lane that is set up: [`scope_lanes`](Self::scope_lanes)
+    /// holds it then (set only on an active cache, in `set_up_lane_locked`, and cleared
+    /// when it retires), so entering and leaving such a scope call nothing.
     #[inline(always)]
     fn lane_for_scope(&self, tag: Tag) -> *const Lane {
         let index = usize::from(tag);
         if index < LANES {
             let lane = self.scope_lanes[index].load(Relaxed);
             if !lane.is_null() {
-                // Lane 0's stays set after the cache retires (as lane 0 stays current then);
-                // a child's is the idle lane unless the cache is active.
-                debug_assert!(index == 0 || lane == IDLE || self.state.get() == STATE_ACTIVE);
+                // Lane 0's stays set after the cache retires (as lane 0 stays current then).
+                debug_assert!(index == 0 || self.state.get() == STATE_ACTIVE);
                 return lane;
             }
         }
@@ -770,7 +767,7 @@ impl ThreadCache {
     #[inline(never)]
     fn lane_for_scope_slowly(&self, tag: Tag) -> *const Lane {
         if tag == 0 {
-            return self.system();
+            return &self.lanes[0];
         }
         match self.lane_of(tag) {
             Some(lane) if self.state.get() == STATE_ACTIVE => lane,
@@ -779,13 +776,13 @@ impl ThreadCache {
     }
 
     /// Enters `previous` again as a scope closes (0: none). As [`enter`](Self::enter), but
-    /// no tag, the usual case, is tested first: its lane is always lane 0, so the table
-    /// needs no look.
+    /// no tag, the usual case, is tested first: its lane is always lane 0 (whose bit in
+    /// `lanes_used` is never cleared), so the bits need no look.
     #[inline(always)]
     fn leave(&self, previous: Tag) {
         self.current_tag.set(previous);
         let lane = if previous == 0 {
-            self.system()
+            &self.lanes[0]
         } else {
             self.lane_for_scope(previous)
         };
@@ -1145,34 +1142,25 @@ pub(crate) unsafe fn free_filtered_tls(ptr: *mut u8, class: usize) -> bool {
 
 // ---- Child lanes: the paths of children with a tag (see `lanes`). ----
 
-/// The offset from the thread pointer of the cache's entry for lane `index` in
-/// [`ThreadCache::scope_lanes`], the same in every thread (static TLS): what a child's lane
-/// word holds, so that its fast path finds the lane with one add and one load. `None` while
+/// A lane's offset from the thread pointer, the same in every thread (static TLS): what a
+/// child's lane word holds, so that its fast path finds the lane with one add. `None` while
 /// the thread pointer cannot reach the caches.
 pub(crate) fn lane_thread_offset(index: usize) -> Option<usize> {
     debug_assert!(index < LANES);
-    Some(thread_pointer::cache_offset()?.wrapping_add(scope_lane_offset(index)))
+    Some(thread_pointer::cache_offset()?.wrapping_add(lane_offset(index)))
 }
 
-/// The calling thread's lane whose entry lies `lane` bytes from the thread pointer (see
-/// [`lane_thread_offset`]): the lane set up on this thread, or the idle lane (on which both
-/// fast paths miss); `None` for 0, a child without a lane found that way.
+/// The calling thread's lane at `lane` bytes from the thread pointer (see
+/// [`lane_thread_offset`]); `None` for 0, a child without a built-in lane.
 ///
 /// # Safety
-/// `lane` is 0 or [`lane_thread_offset`] of an index from 1 to [`CHILD_LANES`].
+/// `lane` is 0 or [`lane_thread_offset`] of an index below [`LANES`].
 #[inline(always)]
 unsafe fn lane_of_thread(lane: usize) -> Option<&'static Lane> {
     let addr = thread_pointer::address_at(lane)?;
     // `'static` stands for "this thread's lifetime": the reference never leaves the call.
-    // SAFETY: the address of a child's entry in this thread's `scope_lanes` (the caller's
-    // contract), which holds the idle lane or a lane set up on this thread, never null (so
-    // the hint spares the fast paths a test), valid until the thread retires (which puts
-    // the idle lane back first).
-    unsafe {
-        let lane = (*(addr as *const AtomicPtr<Lane>)).load(Relaxed);
-        core::hint::assert_unchecked(!lane.is_null());
-        Some(&*lane)
-    }
+    // SAFETY: the offset of one of the lanes of this thread's cache (the caller's contract).
+    Some(unsafe { &*(addr as *const Lane) })
 }
 
 /// Runs `f` on the calling thread's cache: found from the thread pointer where it can be
@@ -1226,15 +1214,13 @@ pub(crate) fn lane_for_resize(tag: Tag, ptr: *mut u8) -> Option<&'static Lane> {
     })
 }
 
-/// A child's small allocation from its lane found from the thread pointer (`lane`: see
-/// [`lane_thread_offset`]): pops a block of `class` and counts `size` requested bytes (if
-/// the child keeps them: `requested`, a constant at every call site). Null when the child
-/// has no such lane, the lane is not set up on this thread, the bin is empty or the lane is
-/// closed: then [`lane_allocate_missed`].
+/// A child's small allocation from its built-in lane (`lane`: see [`lane_thread_offset`]):
+/// pops a block of `class` and counts `size` requested bytes (if the child keeps them:
+/// `requested`, a constant at every call site). Null when the child has no built-in lane,
+/// the bin is empty or the lane is closed: then [`lane_allocate_missed`].
 ///
 /// # Safety
-/// `lane` is 0 or [`lane_thread_offset`] of an index from 1 to [`CHILD_LANES`];
-/// `class < CLASS_COUNT`.
+/// `lane` is 0 or [`lane_thread_offset`] of an index below [`LANES`]; `class < CLASS_COUNT`.
 #[inline(always)]
 pub(crate) unsafe fn lane_allocate(
     lane: usize,
@@ -1370,8 +1356,8 @@ unsafe fn lane_allocate_hooked(
     }
 }
 
-/// A child's small free into its lane found from the thread pointer: pushes the block if
-/// the child has one set up on this thread, open, with room in the bin, uncounting `size` requested bytes (if the child keeps
+/// A child's small free into its built-in lane: pushes the block if the child has one, the
+/// lane is open and its bin has room, uncounting `size` requested bytes (if the child keeps
 /// them: `requested`); `false` otherwise (then [`lane_free_missed`]).
 ///
 /// # Safety
@@ -2058,7 +2044,7 @@ pub(crate) fn with_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> Option<R> {
         if tc.state.get() != STATE_ACTIVE && !tc.activate() {
             return None;
         }
-        Some(f(tc.active_shards()))
+        Some(f(&tc.shards))
     })
 }
 
@@ -2080,7 +2066,7 @@ pub(crate) fn with_live_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> R {
             STATE_ACTIVE,
             "shards counted after retirement"
         );
-        f(tc.active_shards())
+        f(&tc.shards)
     })
 }
 
@@ -2093,23 +2079,11 @@ pub(crate) fn with_active_shards<R>(f: impl FnOnce(&ShardSet) -> R) -> Option<R>
         if tc.state.get() != STATE_ACTIVE {
             return None;
         }
-        Some(f(tc.active_shards()))
+        Some(f(&tc.shards))
     })
 }
 
 impl ThreadCache {
-    /// The cache's counter shards; the cache is active (or listed, for a reader holding
-    /// the registry lock), so it holds a set.
-    #[inline(always)]
-    fn active_shards(&self) -> &ShardSet {
-        let set = self.shards.load(Relaxed);
-        debug_assert!(!set.is_null(), "counter shards of a cache not registered");
-        // SAFETY: an active or listed cache holds a set from the pool (taken in `register`
-        // before the cache is active or listed, given back only once it is neither), which
-        // stays valid as long as it is held.
-        unsafe { &*set }
-    }
-
     /// Registers a new cache; returns whether the cache is usable.
     #[cold]
     #[inline(never)]
@@ -2148,7 +2122,7 @@ impl ThreadList {
             // SAFETY: registered caches are valid while the registry lock is held (a
             // `&ThreadList` is only reachable under it).
             unsafe {
-                f((*tc).active_shards());
+                f(&(*tc).shards);
                 tc = (*tc).next.load(Relaxed);
             }
         }
@@ -2271,10 +2245,10 @@ unsafe extern "C" fn on_thread_exit(cache: *mut libc::c_void) {
     let tc: *const ThreadCache = cache.cast();
     let mut list = THREADS.lock();
     // SAFETY: the value is this thread's own registered cache, still in TLS.
-    unsafe { (*tc).retire(&mut list) };
+    let lanes = unsafe { (*tc).retire(&mut list) };
     drop(list);
     // SAFETY: just retired by this thread, which is exiting.
-    unsafe { (*tc).shut_system_lane() };
+    unsafe { (*tc).shut_built_in(lanes) };
 }
 
 /// Whether the thread caches are in use (their locks then matter around `fork()`).
@@ -2327,8 +2301,8 @@ pub(crate) fn adopt_orphans_after_fork() {
         unsafe {
             let next = (*tc).next.load(Relaxed);
             if tc != me {
-                (*tc).retire(&mut list);
-                (*tc).shut_system_lane();
+                let lanes = (*tc).retire(&mut list);
+                (*tc).shut_built_in(lanes);
             }
             tc = next;
         }

@@ -342,13 +342,9 @@ impl Shard {
     }
 }
 
-/// One thread's shards, one per slot; the thread cache holds it while the thread is
-/// registered, and a pool in the thread registry keeps it in between.
+/// One thread's shards, one per slot; lives in the thread's cache (TLS, `const`-initialised).
 pub(crate) struct ShardSet {
     shards: [Shard; SLOTS],
-    /// The next set in the registry's pool while this one is there (changed under the
-    /// registry lock).
-    pub(crate) pool_next: AtomicPtr<ShardSet>,
 }
 
 impl ShardSet {
@@ -356,14 +352,7 @@ impl ShardSet {
     pub(crate) const fn new() -> Self {
         Self {
             shards: [const { Shard::new() }; SLOTS],
-            pool_next: AtomicPtr::new(core::ptr::null_mut()),
         }
-    }
-
-    /// Whether every shard is as [`new`](Self::new) made it (what [`retire`](Self::retire)
-    /// leaves).
-    pub(crate) fn is_clear(&self) -> bool {
-        self.shards.iter().all(Shard::is_empty)
     }
 
     /// The shard of `slot`.

@@ -1,13 +1,10 @@
-//! Lanes made on demand: a thread's lanes of child allocators' tags.
+//! Lanes made on demand: a thread's lanes of the tags past the ones built into every cache.
 //!
-//! A thread's first call of a tag (an allocation in its scope, a free of one of its
+//! A thread's first call of such a tag (an allocation in its scope, a free of one of its
 //! blocks, a call through its handle) makes the lane, from a pool shared by all threads; the
-//! lane goes back to the pool when the thread exits. The thread finds the lanes of the
-//! first tags through its cache's `scope_lanes` and the others through a two-level table
-//! indexed by tag (16 pointers in the cache, and a table of 256 for each range of tags the
-//! thread uses); the registry walks them all through a list. None of them lives in TLS: the
-//! C library writes a new thread's whole TLS block, so lanes there would cost every thread,
-//! even one that never uses a child allocator.
+//! lane goes back to the pool when the thread exits. The thread finds its lanes through a
+//! two-level table indexed by tag (16 pointers in the cache, and a table of 256 for each
+//! range of tags the thread uses), and the registry walks them through a list.
 //!
 //! The pool is part of the thread registry's list ([`ThreadList`]): lanes are made and given
 //! back under its lock, which the `fork()` handlers hold, so a forked child never finds the
@@ -16,7 +13,6 @@
 use super::{HOOKS_UNREGISTERED, Lane, ThreadList};
 use crate::os::{OsAllocator, PageSource};
 use crate::schema::hpha::{MAX_TAGS, Tag};
-use crate::stats::ShardSet;
 use core::cell::Cell;
 use core::ptr::{self, null_mut};
 use core::sync::atomic::{AtomicPtr, Ordering::*};
@@ -64,23 +60,20 @@ impl DynamicLanes {
         unsafe { (*table).lanes[tag % PER_TABLE].as_ref() }
     }
 
-    /// Makes this thread's lane of `tag` (owner, under the registry lock that gave `list`),
-    /// entered in the tables if `tabled` (the caller keeps the lanes of the first tags
-    /// itself); `None` when the OS refuses memory. The lane is fresh: empty bins, zero
-    /// counts, closed.
-    pub(super) fn make(&self, tag: Tag, tabled: bool, list: &mut ThreadList) -> Option<&Lane> {
+    /// Makes this thread's lane of `tag` (owner, under the registry lock that gave `list`);
+    /// `None` when the OS refuses memory. The lane is fresh: empty bins, zero counts, closed.
+    pub(super) fn make(&self, tag: Tag, list: &mut ThreadList) -> Option<&Lane> {
         let index = usize::from(tag);
         let cell = self.tables.get(index / PER_TABLE)?;
-        if tabled && cell.get().is_null() {
+        if cell.get().is_null() {
             cell.set(list.take_table()?);
         }
         let lane = list.take_lane()?;
-        if tabled {
-            // SAFETY: the table is this thread's; the lane is fresh from the pool and ours.
-            unsafe { (*cell.get()).lanes[index % PER_TABLE] = lane };
+        // SAFETY: the table is this thread's; the lane is fresh from the pool and ours.
+        unsafe {
+            (*cell.get()).lanes[index % PER_TABLE] = lane;
+            Some(&*lane)
         }
-        // SAFETY: fresh from the pool and this thread's until it retires.
-        Some(unsafe { &*lane })
     }
 
     /// Lists a lane made by [`make`](Self::make) and set up, so walks reach it.
@@ -129,7 +122,7 @@ impl DynamicLanes {
     }
 }
 
-/// Free lanes, tables and counter shard sets of every thread, kept in the registry's list.
+/// Free lanes and tables of every thread, kept in the registry's list.
 pub(super) struct LanePool {
     /// Lanes given back by exited threads, linked through [`Lane::next`].
     lanes: *mut Lane,
@@ -139,9 +132,6 @@ pub(super) struct LanePool {
     /// untouched memory (a lane is about 5 KiB).
     fresh: *mut Lane,
     fresh_left: usize,
-    /// Counter shard sets given back by exited threads (all zero again, see
-    /// `ShardSet::retire`), linked through `ShardSet::pool_next`.
-    shard_sets: *mut ShardSet,
 }
 
 impl LanePool {
@@ -151,7 +141,6 @@ impl LanePool {
             tables: null_mut(),
             fresh: null_mut(),
             fresh_left: 0,
-            shard_sets: null_mut(),
         }
     }
 }
@@ -193,43 +182,6 @@ impl ThreadList {
         self.pool.lanes = lane;
     }
 
-    /// A counter shard set for a registering thread: one given back (left as the exiting
-    /// thread's `retire` zeroed it, so a short-lived thread writes nothing here), else a
-    /// slab's worth made at once. `None` when the OS refuses memory.
-    pub(super) fn take_shard_set(&mut self) -> Option<*mut ShardSet> {
-        if self.pool.shard_sets.is_null() {
-            let slab = map_slab()?.cast::<ShardSet>();
-            for i in 0..SLAB / size_of::<ShardSet>() {
-                // SAFETY: the slab is mapped for shard sets and aligned for them
-                // (`map_slab`); set `i` fits in it; each is made whole before it is pooled.
-                unsafe {
-                    let set = slab.add(i);
-                    set.write(ShardSet::new());
-                    (*set).pool_next.store(self.pool.shard_sets, Relaxed);
-                    self.pool.shard_sets = set;
-                }
-            }
-        }
-        let set = self.pool.shard_sets;
-        // SAFETY: pooled sets are valid and owned by the pool; this one leaves it.
-        unsafe {
-            self.pool.shard_sets = (*set).pool_next.load(Relaxed);
-            debug_assert!((*set).is_clear(), "a pooled counter shard set holds counts");
-        }
-        Some(set)
-    }
-
-    /// Takes back a counter shard set.
-    ///
-    /// # Safety
-    /// `set` came from [`take_shard_set`](Self::take_shard_set), nothing uses it any more,
-    /// and its counts are zero (`ShardSet::retire`).
-    pub(super) unsafe fn give_shard_set(&mut self, set: *mut ShardSet) {
-        // SAFETY: forwarded from the caller.
-        unsafe { (*set).pool_next.store(self.pool.shard_sets, Relaxed) };
-        self.pool.shard_sets = set;
-    }
-
     /// A zeroed table from the pool.
     fn take_table(&mut self) -> Option<*mut LaneTable> {
         if self.pool.tables.is_null() {
@@ -266,10 +218,7 @@ impl ThreadList {
 /// Maps a slab for the pool; `None` when the OS refuses. Slabs are never unmapped: lanes
 /// of exited threads serve the next ones.
 fn map_slab() -> Option<*mut u8> {
-    const {
-        assert!(align_of::<Lane>() <= 4096 && align_of::<LaneTable>() <= 4096);
-        assert!(align_of::<ShardSet>() <= 4096 && size_of::<ShardSet>() <= SLAB);
-    };
+    const { assert!(align_of::<Lane>() <= 4096 && align_of::<LaneTable>() <= 4096) };
     let p = OsAllocator.map(SLAB, OsAllocator.granularity(), 0);
     (!p.is_null()).then_some(p)
 }
