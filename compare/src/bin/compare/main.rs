@@ -3,7 +3,9 @@
 //!
 //! Each measurement is its own process so that one allocator's state (cached pages, thread
 //! caches, a grown heap) never leaks into another's numbers and `VmHWM` is the workload's own
-//! peak. Runs are interleaved (round 1: A B C D for each workload, round 2: B C D A, ...) so
+//! peak. Runs are interleaved (every round runs each workload once under every allocator, in
+//! a new random order each time, after an untimed warm-up run of the same workload, so that
+//! no allocator always follows the same neighbour or another workload's process) so
 //! that background load on a shared machine hits every allocator alike, and medians are
 //! reported so one disturbed run does not move the result.
 

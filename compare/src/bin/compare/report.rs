@@ -72,8 +72,13 @@ fn ms(m: f64) -> String {
     }
 }
 
-/// A ratio column of a time table: the median of `over` divided by the smallest median of
-/// `under` (the allocators present among them).
+/// A ratio column of a time table: in each round, the time of `over` divided by the
+/// smallest time of `under` (the allocators present among them) in that round; the column
+/// shows the median of these ratios over the rounds. Paired by round, unlike a ratio of two
+/// medians: this machine's speed drifts by 10% and more over minutes, and runs of one round
+/// are close in time, so the drift cancels in the ratio. (On 2026-12-03 three runs of 11
+/// rounds gave `tagalloc-scoped ÷ tagalloc` ratios of medians of 0.86-1.20 on single
+/// workloads, and paired ratios of 0.94-1.08.)
 struct RatioColumn {
     label: &'static str,
     over: &'static str,
@@ -121,6 +126,30 @@ fn ratio_columns(allocs: &[&str]) -> Vec<RatioColumn> {
         .collect()
 }
 
+/// The median over the rounds of `column`'s ratio within a round (see [`RatioColumn`]), for
+/// workload `w`; `None` if no round has a run of both sides.
+fn paired_ratio(
+    results: &Results,
+    w: &'static str,
+    column: &RatioColumn,
+    metric: fn(&Sample) -> f64,
+) -> Option<f64> {
+    let runs = |a: &'static str| results.samples.get(&(w, a)).map_or(&[][..], Vec::as_slice);
+    let ratios: Vec<f64> = runs(column.over)
+        .iter()
+        .filter_map(|over| {
+            let best = column
+                .under
+                .iter()
+                .flat_map(|u| runs(u).iter().filter(|s| s.round == over.round))
+                .map(metric)
+                .fold(f64::INFINITY, f64::min);
+            (best.is_finite() && best > 0.0).then(|| metric(over) / best)
+        })
+        .collect();
+    (!ratios.is_empty()).then(|| median(ratios))
+}
+
 /// A table of one time metric: median and median absolute deviation per allocator, and the
 /// [`ratio_columns`], each with the geometric mean of its ratios as the last row.
 fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> String {
@@ -136,7 +165,6 @@ fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> 
     let mut rows = vec![header];
     let mut log_ratios = vec![Vec::new(); columns.len()];
     for w in &opts.workloads {
-        let med = |a: &'static str| values(w.name, a).map(median);
         let mut row = vec![w.name.to_string()];
         for a in allocs {
             row.push(match values(w.name, a) {
@@ -152,17 +180,12 @@ fn time_table(opts: &Options, results: &Results, metric: fn(&Sample) -> f64) -> 
             });
         }
         for (column, logs) in columns.iter().zip(&mut log_ratios) {
-            let best = column
-                .under
-                .iter()
-                .filter_map(|u| med(u))
-                .fold(f64::INFINITY, f64::min);
-            row.push(match med(column.over) {
-                Some(t) if best.is_finite() && best > 0.0 => {
-                    logs.push((t / best).ln());
-                    format!("{:.2}", t / best)
+            row.push(match paired_ratio(results, w.name, column, metric) {
+                Some(r) => {
+                    logs.push(r.ln());
+                    format!("{r:.2}")
                 }
-                _ => "-".into(),
+                None => "-".into(),
             });
         }
         rows.push(row);
@@ -218,7 +241,9 @@ pub fn render(opts: &Options, results: &Results, version: &str) -> String {
 
     out += "## Wall time (median ms ± median absolute deviation, as % of the median)\n\n";
     out += &time_table(opts, results, |s| s.ms);
-    out += "\nRatio above 1: tagalloc is slower than the faster of mimalloc and jemalloc.\n\n";
+    out += "\nRatio columns: the median over the rounds of the ratio within each round (paired \
+            runs, so the machine's drift over minutes cancels); above 1, the first is slower. \
+            `best(mi, je)` is the faster of mimalloc and jemalloc in that round.\n\n";
     out += "## CPU time, user + system, all threads (median ms ± median absolute deviation %)\n\n";
     out += "Less disturbed than wall time when the machine is shared; it includes spinning and \
             cache contention but not waiting.\n\n";
@@ -271,6 +296,45 @@ mod tests {
     fn median_of_odd_and_even() {
         assert_eq!(super::median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(super::median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    /// Each round's ratio uses that round's runs only, against the faster of the `under`
+    /// allocators in that round, and a round missing a side is left out.
+    #[test]
+    fn ratio_columns_pair_runs_by_round() {
+        use crate::run::{Results, Sample};
+        let sample = |ms: f64, round: usize| Sample {
+            ms,
+            cpu_ms: ms,
+            peak_kib: 0,
+            end_kib: 0,
+            trim_kib: 0,
+            trimmed: false,
+            check: 0,
+            round,
+        };
+        let mut results = Results::default();
+        // A machine twice as slow in round 1: the medians' ratio would be 150 / 100.
+        results.samples.insert(
+            ("w", "tagalloc"),
+            vec![sample(110.0, 0), sample(220.0, 1), sample(150.0, 2)],
+        );
+        results
+            .samples
+            .insert(("w", "mimalloc"), vec![sample(100.0, 0), sample(200.0, 1)]);
+        results.samples.insert(
+            ("w", "jemalloc"),
+            vec![sample(120.0, 0), sample(180.0, 1), sample(100.0, 3)],
+        );
+        let column = super::RatioColumn {
+            label: "",
+            over: "tagalloc",
+            under: &["mimalloc", "jemalloc"],
+        };
+        let r = super::paired_ratio(&results, "w", &column, |s| s.ms).unwrap();
+        // Rounds 0 and 1: 110 / 100 and 220 / 180; round 2 has no `under` run.
+        assert!((r - (1.1 + 220.0 / 180.0) / 2.0).abs() < 1e-12, "{r}");
+        assert_eq!(super::paired_ratio(&results, "x", &column, |s| s.ms), None);
     }
 
     #[test]

@@ -5,6 +5,8 @@ use std::fs::File;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use compare::rng::Rng;
+
 use crate::Options;
 use crate::build::{self, Bins};
 use crate::report;
@@ -19,6 +21,8 @@ pub struct Sample {
     pub trim_kib: u64,
     pub trimmed: bool,
     pub check: u64,
+    /// The round the run belongs to (0-based): the ratio columns pair runs of one round.
+    pub round: usize,
 }
 
 /// Every sample, by workload then allocator, plus what went wrong.
@@ -45,6 +49,7 @@ fn parse_result(stdout: &str) -> Option<Sample> {
         trim_kib: field("trim_kib")?.parse().ok()?,
         trimmed: field("trimmed")? == "1",
         check: field("check")?.parse().ok()?,
+        round: 0,
     })
 }
 
@@ -94,18 +99,41 @@ fn run_one(
     Ok((sample, stderr))
 }
 
+/// Puts `items` in a random order (Fisher-Yates).
+fn shuffle<T>(items: &mut [T], rng: &mut Rng) {
+    for i in (1..items.len()).rev() {
+        items.swap(i, rng.below(i + 1));
+    }
+}
+
 /// Runs every selected workload under every selected allocator for `opts.rounds` rounds,
 /// then prints the report and writes it to a file.
 pub fn main(opts: &Options, bins: &Bins) -> Result<(), String> {
     let mut results = Results::default();
-    let n = opts.allocators.len();
+    // A fixed seed: the same order of runs for the same options, run after run.
+    let mut order_rng = Rng::new(0x0DE5_0C0A);
     for round in 0..opts.rounds {
         for w in &opts.workloads {
             let mut line = format!("round {}/{} {:<12}", round + 1, opts.rounds, w.name);
-            // Rotate the starting allocator each round so none always runs right after the
-            // same neighbour (caches, page cache, turbo state).
-            for k in 0..n {
-                let alloc = opts.allocators[(round + k) % n];
+            // A new random order for every workload of every round: a rotation, used until
+            // 2026-12-03, kept each allocator's predecessor the same in every round.
+            let mut order = opts.allocators.clone();
+            shuffle(&mut order, &mut order_rng);
+            // An untimed warm-up run first, so that every timed run follows a run of the
+            // same workload. The first run after another workload's process can be far
+            // slower: in `fragment`, where about half the time is the kernel's page faults,
+            // the first run of each round took 250-310 ms and the others 160-200 ms, whatever
+            // the allocator (2026-12-03, 11 rounds).
+            if let Err(e) = run_one(
+                bins,
+                order[0],
+                w.name,
+                opts.scale,
+                Duration::from_secs(opts.timeout_s),
+            ) {
+                results.failures.push(e);
+            }
+            for alloc in order {
                 match run_one(
                     bins,
                     alloc,
@@ -113,7 +141,8 @@ pub fn main(opts: &Options, bins: &Bins) -> Result<(), String> {
                     opts.scale,
                     Duration::from_secs(opts.timeout_s),
                 ) {
-                    Ok((s, stderr)) => {
+                    Ok((mut s, stderr)) => {
+                        s.round = round;
                         line += &format!(" {alloc} {:.0}ms", s.ms);
                         for note in stderr.lines().filter_map(|l| l.strip_prefix("warning: ")) {
                             let note = format!("{alloc}: {note}");
