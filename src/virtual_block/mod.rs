@@ -853,10 +853,11 @@ impl<U> VirtualBlock<U> {
     /// [`allocate_plain`](Self::allocate_plain) with [`Strategy::Balanced`].
     #[inline(never)]
     fn allocate_balanced(&mut self, size: u64, align: u64, upper: bool, user: U) -> (u64, u64) {
-        // One test sends sizes 0 (refused there) and above 2^63 (which no sane block holds)
-        // to the general core; the rest take a search whose sums cannot overflow
-        // (`Tlsf::find_balanced_bounded`), and the core's own test of size 0 folds away.
-        if size.wrapping_sub(1) >= BOUNDED_SIZE {
+        // Sizes 0 and above 2^63 (which no sane block holds) and alignments that are not
+        // powers of two (all refused there) go to the general core; the rest take a search
+        // whose sums cannot overflow (`Tlsf::find_balanced_bounded`), and the core's own
+        // tests of the size and the alignment fold away.
+        if size.wrapping_sub(1) >= BOUNDED_SIZE || !align.is_power_of_two() {
             return self.allocate_plain(size, align, Strategy::Balanced, upper, user);
         }
         let req = Request::unlabelled(size, align, Strategy::Balanced, upper);
