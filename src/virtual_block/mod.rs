@@ -917,7 +917,10 @@ impl<U> VirtualBlock<U> {
                     }
                     BALANCED_BOUNDED_CORE => {
                         debug_assert!(req.strategy == Strategy::Balanced);
+                        // The search gives the padding; `take` finds it again from the
+                        // offset with the same load, and the sum and difference fold away.
                         t.find_balanced_bounded(req.size, align)
+                            .map(|(i, li, pad)| (i, li, t.free_offset(i) + pad))
                     }
                     _ => t.find(req.size, align, req.strategy),
                 };

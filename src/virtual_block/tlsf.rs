@@ -830,7 +830,11 @@ impl Tlsf {
     }
 
     /// [`Tlsf::find`] of a request of `1..=2^63` units with [`Strategy::Balanced`] (the same
-    /// result, see [`Tlsf::tight_fit_bounded`]).
+    /// result, see [`Tlsf::tight_fit_bounded`]), but with the padding before the range in
+    /// place of its offset: `(node, list, padding)`; the range starts at the node's offset
+    /// ([`Tlsf::free_offset`]) plus the padding. Where the tight fit and the rest of the
+    /// search meet, the padding is what [`Tlsf::take`] needs; given the offset, it had to
+    /// find the padding again on the common path.
     #[inline(always)]
     pub(crate) fn find_balanced_bounded(&mut self, size: u64, align: u64) -> Option<Found> {
         debug_assert!((1..=1 << 63).contains(&size) && align.is_power_of_two());
@@ -838,7 +842,14 @@ impl Tlsf {
         if let Some(found) = self.tight_fit_bounded(size, mask) {
             return Some(found);
         }
-        unpack(self.good_or_first_fit(size, mask))
+        let (i, li, at) = unpack(self.good_or_first_fit(size, mask))?;
+        Some((i, li, at - self.node(i).offset))
+    }
+
+    /// The offset of free node `i` (as found by a search).
+    #[inline(always)]
+    pub(crate) fn free_offset(&self, i: u32) -> u64 {
+        self.node(i).offset
     }
 
     /// [`Tlsf::good_fit`], then [`Tlsf::first_fit`] if that fails: where the bounded
@@ -894,7 +905,8 @@ impl Tlsf {
         fit(n.offset, n.size, size, mask).map(|at| (i, li, at))
     }
 
-    /// [`Tlsf::tight_fit`] of a request of `1..=2^63` units: the same choice without
+    /// [`Tlsf::tight_fit`] of a request of `1..=2^63` units, with the padding in place of the
+    /// offset (see [`Tlsf::find_balanced_bounded`]): the same choice without
     /// overflow checks. The size plus the mask (below 2^63: an alignment is at most 2^63)
     /// and the padding (at most the mask) plus the size stay below 2^64, so the size rounds
     /// up to the alignment with a plain sum and the range fits exactly when its padding
@@ -909,7 +921,7 @@ impl Tlsf {
         let i = self.head(li);
         let n = self.node(i);
         let pad = n.offset.wrapping_neg() & mask;
-        (pad + size <= n.size).then(|| (i, li, n.offset + pad))
+        (pad + size <= n.size).then_some((i, li, pad))
     }
 
     /// [`Tlsf::tight_fit`], then [`Tlsf::good_fit`] if that fails, for a request without
@@ -1901,8 +1913,9 @@ mod tests {
                 (next() % 900 + 1, align)
             };
             let found = t.find(size, align, Strategy::Balanced);
+            let bounded = t.find_balanced_bounded(size, align);
             assert_eq!(
-                t.find_balanced_bounded(size, align),
+                bounded.map(|(i, li, pad)| (i, li, t.free_offset(i) + pad)),
                 found,
                 "size {size} align {align}"
             );
