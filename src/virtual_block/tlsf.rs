@@ -1935,7 +1935,7 @@ mod tests {
     fn padded_stack_keeps_room_through_growth_clone_listing_and_restart() {
         // The padded stack is pushed without a capacity check: its room must follow the
         // arena as it grows, survive a clone (`Vec::clone` keeps only the length), a listing
-        // of the padding and a restart. `validate` checks the room and the bits.
+        // of the padding and a restart. `validate` checks the room and the flags.
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
             x ^= x << 13;
