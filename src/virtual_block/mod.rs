@@ -579,6 +579,18 @@ impl Meta {
 const _: () = assert!((1u32 << (Meta::TAG_SHIFT + 16)) - 1 <= tlsf::META_MASK);
 const _: () = assert!(Meta::NAMED == tlsf::ALIGN_BITS + 1);
 
+/// [`VirtualBlock::allocate_core`] with the general TLSF search ([`Tlsf::find`]).
+const GENERAL_CORE: u8 = 0;
+/// [`VirtualBlock::allocate_core`] of a [`Strategy::Balanced`] request with alignment 1
+/// ([`Tlsf::find_balanced_unaligned`]).
+const BALANCED_UNALIGNED_CORE: u8 = 1;
+/// [`VirtualBlock::allocate_core`] of a [`Strategy::Balanced`] request whose size minus one
+/// is below [`BOUNDED_SIZE`] ([`Tlsf::find_balanced_bounded`]).
+const BALANCED_BOUNDED_CORE: u8 = 2;
+/// Sizes in `1..=BOUNDED_SIZE` (2^63) may take [`Tlsf::find_balanced_bounded`]: a size plus
+/// an alignment mask (below 2^63) stays below 2^64.
+const BOUNDED_SIZE: u64 = 1 << 63;
+
 #[derive(Clone, Debug)]
 enum Engine {
     Tlsf(Tlsf),
@@ -835,14 +847,21 @@ impl<U> VirtualBlock<U> {
         user: U,
     ) -> (u64, u64) {
         let req = Request::unlabelled(size, align, strategy, upper);
-        self.allocate_core::<false>(&req, user)
+        self.allocate_core::<GENERAL_CORE>(&req, user)
     }
 
     /// [`allocate_plain`](Self::allocate_plain) with [`Strategy::Balanced`].
     #[inline(never)]
     fn allocate_balanced(&mut self, size: u64, align: u64, upper: bool, user: U) -> (u64, u64) {
+        // Sizes 0 and above 2^63 (which no sane block holds) and alignments that are not
+        // powers of two (all refused there) go to the general core; the rest take a search
+        // whose sums cannot overflow (`Tlsf::find_balanced_bounded`), and the core's own
+        // tests of the size and the alignment fold away.
+        if size.wrapping_sub(1) >= BOUNDED_SIZE || !align.is_power_of_two() {
+            return self.allocate_plain(size, align, Strategy::Balanced, upper, user);
+        }
         let req = Request::unlabelled(size, align, Strategy::Balanced, upper);
-        self.allocate_core::<false>(&req, user)
+        self.allocate_core::<BALANCED_BOUNDED_CORE>(&req, user)
     }
 
     /// [`allocate_balanced`](Self::allocate_balanced) with alignment 1: the compiler drops
@@ -850,27 +869,25 @@ impl<U> VirtualBlock<U> {
     #[inline(never)]
     fn allocate_balanced_unaligned(&mut self, size: u64, upper: bool, user: U) -> (u64, u64) {
         let req = Request::unlabelled(size, 1, Strategy::Balanced, upper);
-        self.allocate_core::<true>(&req, user)
+        self.allocate_core::<BALANCED_UNALIGNED_CORE>(&req, user)
     }
 
     /// [`allocate`](Self::allocate) of a request with a tag or a name.
     #[inline(never)]
     fn allocate_labelled(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
-        self.allocate_core::<false>(req, user)
+        self.allocate_core::<GENERAL_CORE>(req, user)
     }
 
     /// [`allocate`](Self::allocate) without the handle: `(offset, stamp << 32 | id)` on
     /// success, `(Fail as u64, NIL)` on failure (`NIL` is never an id).
     ///
-    /// `UNALIGNED_BALANCED`: the request is known to have alignment 1 and strategy
-    /// [`Strategy::Balanced`] ([`allocate_balanced_unaligned`](Self::allocate_balanced_unaligned)),
-    /// and takes the TLSF search made for that case.
+    /// `CORE` picks the TLSF search: [`GENERAL_CORE`] any request;
+    /// [`BALANCED_UNALIGNED_CORE`] a request known to have alignment 1 and strategy
+    /// [`Strategy::Balanced`] ([`allocate_balanced_unaligned`](Self::allocate_balanced_unaligned));
+    /// [`BALANCED_BOUNDED_CORE`] one known to have strategy [`Strategy::Balanced`] and a
+    /// size in `1..=2^63` ([`allocate_balanced`](Self::allocate_balanced)).
     #[inline(always)]
-    fn allocate_core<const UNALIGNED_BALANCED: bool>(
-        &mut self,
-        req: &Request<'_>,
-        user: U,
-    ) -> (u64, u64) {
+    fn allocate_core<const CORE: u8>(&mut self, req: &Request<'_>, user: U) -> (u64, u64) {
         let fail = |f: Fail| (f as u64, u64::from(NIL));
         if req.size == 0 {
             return fail(Fail::ZeroSize);
@@ -893,11 +910,19 @@ impl<U> VirtualBlock<U> {
                 if !t.has_room() {
                     return fail(Fail::TooManyAllocations);
                 }
-                let found = if UNALIGNED_BALANCED {
-                    debug_assert!(align == 1 && req.strategy == Strategy::Balanced);
-                    t.find_balanced_unaligned(req.size)
-                } else {
-                    t.find(req.size, align, req.strategy)
+                let found = match CORE {
+                    BALANCED_UNALIGNED_CORE => {
+                        debug_assert!(align == 1 && req.strategy == Strategy::Balanced);
+                        t.find_balanced_unaligned(req.size)
+                    }
+                    BALANCED_BOUNDED_CORE => {
+                        debug_assert!(req.strategy == Strategy::Balanced);
+                        // The search gives the padding; `take` finds it again from the
+                        // offset with the same load, and the sum and difference fold away.
+                        t.find_balanced_bounded(req.size, align)
+                            .map(|(i, li, pad)| (i, li, t.free_offset(i) + pad))
+                    }
+                    _ => t.find(req.size, align, req.strategy),
                 };
                 match found {
                     Some((i, li, at)) => {

@@ -468,6 +468,33 @@ fn vma_virtual_blocks_algorithms() {
     }
 }
 
+// ---- Sizes near 2^64: aligned Balanced requests above 2^63 take the general core.
+
+#[test]
+fn sizes_near_the_top_of_the_range_are_placed_exactly() {
+    let mut b = VirtualBlock::<()>::new(u64::MAX);
+    let big = b.allocate(&req((1 << 63) + 5).align(16), ()).unwrap();
+    assert_eq!(big.offset, 0);
+    let half = b.allocate(&req(1 << 62).align(16), ()).unwrap();
+    assert_eq!(half.offset, (1 << 63) + 16);
+    assert!(matches!(
+        b.allocate(&req(1 << 62).align(1 << 62), ()),
+        Err(Error::OutOfSpace { .. })
+    ));
+    assert!(matches!(
+        b.allocate(&req(1 << 63).align(16), ()),
+        Err(Error::OutOfSpace { .. })
+    ));
+    b.free(big).unwrap();
+    let top = b.allocate(&req(1 << 63).align(1 << 63), ()).unwrap();
+    assert_eq!(top.offset, 0);
+    b.free(top).unwrap();
+    b.free(half).unwrap();
+    let all = b.allocate(&req(u64::MAX).align(2), ()).unwrap();
+    assert_eq!(all.offset, 0);
+    b.validate().unwrap();
+}
+
 // ---- Bad input: typed errors, nothing changes.
 
 #[test]
@@ -475,6 +502,11 @@ fn bad_input_gives_typed_errors() {
     let mut b = VirtualBlock::<()>::new(1000);
     let mut other = VirtualBlock::<()>::new(1000);
     assert_eq!(b.allocate(&req(0), ()), Err(Error::ZeroSize));
+    assert_eq!(b.allocate(&req(0).align(16), ()), Err(Error::ZeroSize));
+    assert_eq!(
+        b.allocate(&req((1 << 63) + 1).align(3), ()),
+        Err(Error::BadAlignment(3))
+    );
     assert_eq!(
         b.allocate(&req(8).align(3), ()),
         Err(Error::BadAlignment(3))
