@@ -4,15 +4,16 @@
 //! allocates (parking_lot's parking table does; dhat deadlocked on it). These locks spin
 //! with a CPU hint, then yield the time slice with `sched_yield`, which allocates nothing.
 //! [`Lock`] holds the value and hands out guards; how it is taken is its [`RawLock`]: a
-//! test-and-set flag ([`SpinLock`]) for the hot locks, tickets ([`TicketLock`]) where
-//! waiters must be served in turn.
+//! test-and-set flag ([`SpinLock`]) for the hot locks, and one where a waiter that has
+//! waited long goes first ([`FairLock`]) where a thread retaking the lock in a loop must not
+//! keep the others out.
 
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
 mod raw;
-pub(crate) use raw::{TestAndSet, Tickets};
+pub(crate) use raw::{TestAndSet, WaitersFirst};
 
 /// The atomics and waits of the code that `tests/loom.rs` also compiles with loom's (which
 /// provides a module of the same name): `raw` here, the thread pool's remote stack and the
@@ -54,23 +55,22 @@ unsafe impl RawLock for TestAndSet {
     }
 }
 
-// SAFETY: each ticket is handed out once (`fetch_add`), `lock` returns only once `serving`
-// (Acquire) equals the caller's ticket, and only the holder's `unlock` (Release) moves
-// `serving` on, by one (see `raw.rs`, and its loom model).
-unsafe impl RawLock for Tickets {
+// SAFETY: `lock` returns only after a compare-and-swap set the held bit where it was clear
+// (Acquire), and only `unlock` (Release) clears it; the waiters' counts share the word but
+// never touch the bit (see `raw.rs`, and its loom model).
+unsafe impl RawLock for WaitersFirst {
     const UNLOCKED: Self = Self {
-        next: AtomicU32::new(0),
-        serving: AtomicU32::new(0),
+        state: AtomicU32::new(0),
     };
 
     #[inline]
     fn lock(&self) {
-        Tickets::lock(self);
+        WaitersFirst::lock(self);
     }
 
     #[inline]
     fn unlock(&self) {
-        Tickets::unlock(self);
+        WaitersFirst::unlock(self);
     }
 }
 
@@ -82,8 +82,8 @@ pub struct Lock<R: RawLock, T> {
 
 /// The hot locks (heap, pools, records): a test-and-set flag.
 pub type SpinLock<T> = Lock<TestAndSet, T>;
-/// A lock whose waiters are served in turn (the thread registry).
-pub type TicketLock<T> = Lock<Tickets, T>;
+/// A lock that a waiter which has waited long takes first (the thread registry).
+pub type FairLock<T> = Lock<WaitersFirst, T>;
 
 // SAFETY: the raw lock gives one thread at a time access to `value`, so sharing the lock
 // between threads is sound whenever the value itself may be sent between them.
@@ -111,7 +111,7 @@ impl<R: RawLock, T> Lock<R, T> {
     ///
     /// # Safety
     /// The caller must later release it exactly once, with
-    /// [`force_unlock`](Self::force_unlock) (or, for a [`TicketLock`] in a forked child,
+    /// [`force_unlock`](Self::force_unlock) (or, for a [`FairLock`] in a forked child,
     /// [`reset_in_child`](Lock::reset_in_child)), where no guard of this lock exists.
     pub(crate) unsafe fn lock_raw(&self) {
         core::mem::forget(self.lock());
@@ -139,17 +139,17 @@ impl<T> SpinLock<T> {
     }
 }
 
-impl<T> TicketLock<T> {
+impl<T> FairLock<T> {
     /// In a child forked while this thread held the lock through
-    /// [`lock_raw`](Self::lock_raw): frees it. Tickets other threads took while waiting are
-    /// dropped with them (those threads do not exist in the child), so the lock must not
-    /// wait for them: every ticket handed out counts as served.
+    /// [`lock_raw`](Self::lock_raw): frees it. Waiters that counted themselves in the lock
+    /// word are gone with their threads (they do not exist in the child), so the count goes
+    /// too: otherwise no new thread could ever take the lock.
     ///
     /// # Safety
     /// Only in a forked child (one thread), with the lock held through `lock_raw` and no
     /// guard of it.
     pub(crate) unsafe fn reset_in_child(&self) {
-        self.raw.serve_all();
+        self.raw.reset();
     }
 }
 
@@ -160,8 +160,8 @@ pub struct Guard<'a, R: RawLock, T> {
 
 /// A held [`SpinLock`].
 pub type SpinGuard<'a, T> = Guard<'a, TestAndSet, T>;
-/// A held [`TicketLock`].
-pub type TicketGuard<'a, T> = Guard<'a, Tickets, T>;
+/// A held [`FairLock`].
+pub type FairGuard<'a, T> = Guard<'a, WaitersFirst, T>;
 
 impl<R: RawLock, T> Deref for Guard<'_, R, T> {
     type Target = T;
@@ -244,7 +244,7 @@ impl OnceFlag {
 
 #[cfg(test)]
 mod tests {
-    use super::{SpinLock, TicketLock};
+    use super::{FairLock, SpinLock};
     use core::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
@@ -301,8 +301,8 @@ mod tests {
     }
 
     #[test]
-    fn miri_ticket_lock_counts_exactly_under_contention() {
-        let lock = TicketLock::new(0u64);
+    fn miri_fair_lock_counts_exactly_under_contention() {
+        let lock = FairLock::new(0u64);
         let per_thread = if cfg!(miri) { 50 } else { 20_000 };
         std::thread::scope(|s| {
             for _ in 0..4 {
@@ -316,13 +316,13 @@ mod tests {
         assert_eq!(*lock.lock(), 4 * per_thread);
     }
 
-    /// The case the ticket lock exists for: one thread takes and releases the lock in a
-    /// loop, and another still gets it as often as it asks (with an unfair lock, on one
+    /// The case the fair lock exists for: one thread takes and releases the lock in a loop,
+    /// and another still gets it as often as it asks (with a plain test-and-set flag, on one
     /// core or under Miri's and valgrind's one-at-a-time scheduling, the second thread mostly
     /// finds it held).
     #[test]
-    fn miri_ticket_lock_serves_a_waiter_while_another_thread_retakes_it() {
-        let lock = TicketLock::new((0u64, 0u64));
+    fn miri_fair_lock_serves_a_waiter_while_another_thread_retakes_it() {
+        let lock = FairLock::new((0u64, 0u64));
         let done = AtomicBool::new(false);
         let wanted = if cfg!(miri) { 20 } else { 10_000 };
         std::thread::scope(|s| {
@@ -341,17 +341,45 @@ mod tests {
         assert_eq!(lock.lock().1, wanted);
     }
 
+    /// The rule itself, deterministically: once a waiter has counted itself as going first,
+    /// the holder cannot take the lock again before that waiter had it.
     #[test]
-    fn miri_ticket_lock_reset_in_child_drops_the_tickets_of_lost_waiters() {
-        let lock = TicketLock::new(7u32);
+    fn miri_fair_lock_gives_a_long_waiter_the_lock_before_the_holder_retakes_it() {
+        let lock = FairLock::new(Vec::new());
+        let guard = lock.lock();
+        std::thread::scope(|s| {
+            let shared = &lock;
+            s.spawn(move || {
+                shared.raw.lock_first();
+                // SAFETY: `lock_first` took the lock; nothing else holds a guard.
+                unsafe { (*shared.value.get()).push("waiter") };
+                shared.raw.unlock();
+            });
+            // Wait until the waiter has counted itself, then release and retake at once.
+            while lock.raw.state.load(Ordering::Relaxed) < 2 {
+                std::thread::yield_now();
+            }
+            drop(guard);
+            lock.lock().push("holder again");
+        });
+        assert_eq!(*lock.lock(), ["waiter", "holder again"]);
+    }
+
+    #[test]
+    fn miri_fair_lock_reset_in_child_forgets_lost_waiters() {
+        let lock = FairLock::new(7u32);
         // SAFETY: released below by `reset_in_child`, with no guard alive.
         unsafe { lock.lock_raw() };
-        // Two threads took tickets and waited, then vanished (as in a forked child).
-        lock.raw.next.fetch_add(2, Ordering::Relaxed);
+        // Two threads waited long, counted themselves, then vanished (as in a forked child).
+        lock.raw.state.fetch_add(4, Ordering::Relaxed);
         // SAFETY: held through `lock_raw`; no guard exists.
         unsafe { lock.reset_in_child() };
-        assert_eq!(*lock.lock(), 7, "the lock is free again");
-        // And in the parent, `force_unlock` hands the lock to the next ticket.
+        assert_eq!(
+            *lock.lock(),
+            7,
+            "the lock is free again, and not kept for the lost"
+        );
+        // And in the parent, `force_unlock` frees it.
         // SAFETY: as above.
         unsafe {
             lock.lock_raw();

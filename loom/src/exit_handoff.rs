@@ -11,7 +11,7 @@ use crate::counts::{
     move_counts, owner_add, take_unpublished, take_unpublished_exiting, unpublished,
 };
 use crate::model;
-use crate::raw::Tickets;
+use crate::raw::WaitersFirst;
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::sync::atomic::Ordering::Relaxed;
@@ -42,7 +42,7 @@ impl Slot {
 /// The process: the registry (its lock, and whether each cache is still on its list), the
 /// caches' slots, the orphan counters and the owner's shared live figure (in blocks).
 struct World {
-    registry: Tickets,
+    registry: WaitersFirst,
     registered: Vec<UnsafeCell<bool>>,
     slots: Vec<Slot>,
     orphan_allocations: AtomicU64,
@@ -53,9 +53,8 @@ struct World {
 impl World {
     fn new(threads: usize) -> Arc<Self> {
         Arc::new(Self {
-            registry: Tickets {
-                next: AtomicU32::new(0),
-                serving: AtomicU32::new(0),
+            registry: WaitersFirst {
+                state: AtomicU32::new(0),
             },
             registered: (0..threads).map(|_| UnsafeCell::new(true)).collect(),
             slots: (0..threads).map(|_| Slot::new()).collect(),
@@ -160,7 +159,7 @@ fn exit_hands_every_count_on_once() {
 }
 
 /// Two threads exit, one of them reading the totals under the lock before its own exit
-/// (three threads waiting on the ticket lock are beyond loom's branch limit: each waiter's
+/// (three threads waiting on the registry lock are beyond loom's branch limit: each waiter's
 /// yield lets the other run, so their spins can alternate without end): each count lands
 /// in the orphans once, and the reader never sees one both in a lane and in the orphans.
 #[test]

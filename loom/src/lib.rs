@@ -28,7 +28,7 @@ mod sync {
     }
 }
 
-/// The raw locks of `tagalloc::sync`: tickets (the thread registry's lock) and the
+/// The raw locks of `tagalloc::sync`: the fair lock (the thread registry's) and the
 /// test-and-set flag (the heaps', the pools' and the records' locks).
 #[allow(dead_code)]
 #[path = "../../src/sync/raw.rs"]

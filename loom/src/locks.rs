@@ -1,9 +1,9 @@
 //! The raw locks: mutual exclusion (a count kept in a loom cell, which reports two holders
 //! at once or an unlock that does not publish the holder's writes), exact counts, and the
-//! ticket lock's hand-over when a thread takes it again while another waits.
+//! fair lock's rule: a waiter that goes first gets the lock before the holder retakes it.
 
 use crate::model;
-use crate::raw::{TestAndSet, Tickets};
+use crate::raw::{TestAndSet, WaitersFirst};
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::sync::atomic::Ordering::Relaxed;
@@ -22,12 +22,12 @@ trait Raw: Send + Sync + 'static {
     fn unlock(&self);
 }
 
-impl Raw for Tickets {
+impl Raw for WaitersFirst {
     fn lock(&self) {
-        Tickets::lock(self);
+        WaitersFirst::lock(self);
     }
     fn unlock(&self) {
-        Tickets::unlock(self);
+        WaitersFirst::unlock(self);
     }
 }
 
@@ -66,10 +66,9 @@ impl<L: Raw> Guarded<L> {
     }
 }
 
-fn tickets() -> Tickets {
-    Tickets {
-        next: AtomicU32::new(0),
-        serving: AtomicU32::new(0),
+fn fair() -> WaitersFirst {
+    WaitersFirst {
+        state: AtomicU32::new(0),
     }
 }
 
@@ -92,46 +91,48 @@ fn counts_exactly<L: Raw>(lock: L, per_thread: &[u32]) {
 }
 
 #[test]
-fn ticket_lock_excludes_and_counts_exactly() {
-    model(|| counts_exactly(tickets(), &[1, 1]));
+fn fair_lock_excludes_and_counts_exactly() {
+    model(|| counts_exactly(fair(), &[1, 1]));
 }
 
-/// The case the ticket lock exists for: a thread takes it again while another waits; the
-/// waiter's ticket is served in between, no ticket is lost or served twice.
+/// A thread takes the lock again while another waits: mutual exclusion and exact counts.
 #[test]
-fn ticket_lock_retaken_while_another_waits() {
-    model(|| {
-        let t = tickets();
-        counts_exactly(t, &[2, 1]);
-    });
+fn fair_lock_retaken_while_another_waits() {
+    model(|| counts_exactly(fair(), &[2, 1]));
 }
 
-/// Every ticket taken is served once: after the threads are done, `serving` caught up with
-/// `next` (one more ticket each for the final count).
+/// A waiter that goes first (counted in the lock word) against a thread taking the lock
+/// twice: mutual exclusion, exact counts, and the word ends free with no waiter counted.
 #[test]
-fn ticket_lock_serves_every_ticket_once() {
+fn fair_lock_with_a_waiter_going_first() {
     model(|| {
-        let g = Guarded::new(tickets());
-        let other = {
+        let g = Guarded::new(fair());
+        let first = {
             let g = Arc::clone(&g);
-            thread::spawn(move || g.add_one())
+            thread::spawn(move || {
+                g.lock.lock_first();
+                // SAFETY: `lock_first` took the lock.
+                g.count.with_mut(|c| unsafe { *c += 1 });
+                g.lock.unlock();
+            })
         };
         g.add_one();
-        other.join().unwrap();
-        assert_eq!(g.lock.next.load(Relaxed), 2);
-        assert_eq!(g.lock.serving.load(Relaxed), 2);
+        g.add_one();
+        first.join().unwrap();
+        assert_eq!(g.count(), 3);
+        assert_eq!(g.lock.state.load(Relaxed), 0);
     });
 }
 
-/// A forked child's reset: tickets of waiters that do not exist there are dropped, and the
-/// lock is free.
+/// A forked child's reset: waiters counted in the word do not exist there, and the lock is
+/// free.
 #[test]
-fn ticket_lock_serve_all_frees_it() {
+fn fair_lock_reset_frees_it() {
     model(|| {
-        let g = Guarded::new(tickets());
+        let g = Guarded::new(fair());
         g.lock.lock();
-        g.lock.next.fetch_add(2, Relaxed);
-        g.lock.serve_all();
+        g.lock.state.fetch_add(4, Relaxed);
+        g.lock.reset();
         g.add_one();
         assert_eq!(g.count(), 1);
     });

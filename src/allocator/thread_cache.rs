@@ -45,7 +45,7 @@ use crate::schema::hpha::Tag;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
 use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated, segment_tag};
 use crate::stats::{Registry, ShardSet};
-use crate::sync::{OnceFlag, TicketGuard, TicketLock};
+use crate::sync::{FairGuard, FairLock, OnceFlag};
 use core::alloc::Layout;
 use core::cell::Cell;
 use core::ptr::{self, NonNull, null_mut};
@@ -855,7 +855,7 @@ pub(crate) struct ThreadList {
 // thread's TLS goes away.
 unsafe impl Send for ThreadList {}
 
-static THREADS: TicketLock<ThreadList> = TicketLock::new(ThreadList {
+static THREADS: FairLock<ThreadList> = FairLock::new(ThreadList {
     head: null_mut(),
     count: 0,
     pool: LanePool::new(),
@@ -2104,7 +2104,7 @@ pub(crate) fn register_current() {
 }
 
 /// The registry of live threads, locked: while it is held no cache registers or retires.
-pub(crate) struct LockedThreads(TicketGuard<'static, ThreadList>);
+pub(crate) struct LockedThreads(FairGuard<'static, ThreadList>);
 
 impl core::ops::Deref for LockedThreads {
     type Target = ThreadList;

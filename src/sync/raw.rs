@@ -1,4 +1,5 @@
-//! The two raw locks behind [`Lock`](super::Lock): a test-and-set flag and tickets.
+//! The two raw locks behind [`Lock`](super::Lock): a test-and-set flag, and one that lets
+//! waiters who have waited long go first.
 //!
 //! This file is also compiled by `tests/loom.rs` with loom's atomics (its own
 //! `crate::sync::atomic`), so the models check this code, not a copy: it names no static and
@@ -24,7 +25,7 @@ fn wait_until(spins: &mut u32, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// A test-and-set flag: cheapest when free, but not fair (see [`Tickets`]).
+/// A test-and-set flag: cheapest when free, but not fair (see [`WaitersFirst`]).
 pub(crate) struct TestAndSet(pub(crate) AtomicBool);
 
 impl TestAndSet {
@@ -71,47 +72,107 @@ impl TestAndSet {
     }
 }
 
-/// Tickets: first come, first served.
+/// A test-and-set flag that waiters who have waited long take first.
 ///
-/// With a [`TestAndSet`] flag, a thread that releases and takes the lock again in a loop can
-/// keep it from waiters that only get the CPU now and then (more threads than cores, or
-/// valgrind, which runs one thread at a time): they mostly find it held and yield again. A
-/// stress run under valgrind stalled for over 20 minutes that way on the thread registry,
-/// with one thread setting budgets in a loop. Here each caller takes a ticket and the lock
-/// goes to the tickets in order, so a thread that wants it again queues behind the waiters.
-pub(crate) struct Tickets {
-    /// The next ticket to hand out.
-    pub(crate) next: AtomicU32,
-    /// The ticket whose holder may enter; only the holder advances it.
-    pub(crate) serving: AtomicU32,
+/// With a plain [`TestAndSet`] flag, a thread that releases and takes the lock again in a
+/// loop can keep it from waiters that only get the CPU now and then (more threads than
+/// cores, or valgrind, which runs one thread at a time): they mostly find it held and yield
+/// again. A stress run under valgrind stalled for over 20 minutes that way on the thread
+/// registry, with one thread setting budgets in a loop. Tickets (first come, first served)
+/// cured that but made a convoy of every wait: the lock went to the next ticket even when
+/// its thread was off the CPU, and everyone else waited for it to be scheduled. With more
+/// threads than cores (a program starting and ending threads while another process runs)
+/// that cost scoped short-lived threads 4-8% of their time and tripled the yields.
+///
+/// Here the lock goes to whoever asks while it is free, unless a waiter has yielded
+/// [`YIELDS_BEFORE_FIRST`] times: it then says so in the lock word, and from then on only
+/// such waiters may take the lock. A thread retaking the lock in a loop queues behind them;
+/// an ordinary wait hands the lock to whoever runs.
+pub(crate) struct WaitersFirst {
+    /// Bit 0 ([`HELD`]): the lock is held. Above it, in units of [`FIRST_WAITER`]: how
+    /// many waiters have waited long and go first.
+    pub(crate) state: AtomicU32,
 }
 
-impl Tickets {
-    /// Takes a ticket and waits until it is served (Acquire).
+/// The lock word's "held" bit.
+const HELD: u32 = 1;
+/// One waiter that has waited long, in the lock word.
+const FIRST_WAITER: u32 = 2;
+/// Yields after which a waiter goes first (after [`SPINS_BEFORE_YIELD`] spins).
+const YIELDS_BEFORE_FIRST: u32 = 8;
+
+impl WaitersFirst {
+    /// Waits until the caller holds the lock (Acquire).
     #[inline]
     pub(crate) fn lock(&self) {
-        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
-        if self.serving.load(Ordering::Acquire) != ticket {
-            self.wait_for(ticket);
+        if self
+            .state
+            .compare_exchange_weak(0, HELD, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended(false);
         }
     }
 
-    /// Serves the next ticket (the holder only), publishing the holder's writes.
+    /// Releases the lock (its holder only), publishing the holder's writes. A read-modify-
+    /// write: waiters may be counting themselves in the same word.
     #[inline]
     pub(crate) fn unlock(&self) {
-        let now = self.serving.load(Ordering::Relaxed);
-        self.serving.store(now.wrapping_add(1), Ordering::Release);
+        self.state.fetch_sub(HELD, Ordering::Release);
     }
 
-    /// Marks every ticket handed out as served: the lock is free, and tickets taken by
-    /// threads that no longer exist (a forked child's lost waiters) are dropped.
-    pub(crate) fn serve_all(&self) {
-        self.serving
-            .store(self.next.load(Ordering::Relaxed), Ordering::Release);
+    /// Frees the lock and forgets every waiter (a forked child's: they do not exist there).
+    pub(crate) fn reset(&self) {
+        self.state.store(0, Ordering::Release);
     }
 
+    /// [`lock`](Self::lock) as a waiter that has already waited long: it goes first (tests
+    /// reach the rule through it without waiting for the yields).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn lock_first(&self) {
+        self.lock_contended(true);
+    }
+
+    /// Waits for the lock: takes it when it is free and no waiter goes first, or when it is
+    /// free and this waiter goes first (`first`, or after enough yields).
     #[cold]
-    fn wait_for(&self, ticket: u32) {
-        wait_until(&mut 0, || self.serving.load(Ordering::Acquire) == ticket);
+    fn lock_contended(&self, mut first: bool) {
+        if first {
+            self.state.fetch_add(FIRST_WAITER, Ordering::Relaxed);
+        }
+        let mut spins = 0;
+        let mut yields = 0;
+        loop {
+            let state = self.state.load(Ordering::Relaxed);
+            if state & HELD == 0 && (first || state < FIRST_WAITER) {
+                // A waiter going first takes itself out of the count as it takes the lock.
+                let taken = if first {
+                    (state - FIRST_WAITER) | HELD
+                } else {
+                    state | HELD
+                };
+                if self
+                    .state
+                    .compare_exchange_weak(state, taken, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return;
+                }
+                continue;
+            }
+            if spins < SPINS_BEFORE_YIELD {
+                spins += 1;
+                atomic::spin_loop();
+            } else {
+                atomic::yield_now();
+                if !first {
+                    yields += 1;
+                    if yields == YIELDS_BEFORE_FIRST {
+                        self.state.fetch_add(FIRST_WAITER, Ordering::Relaxed);
+                        first = true;
+                    }
+                }
+            }
+        }
     }
 }
