@@ -354,7 +354,8 @@ unsafe fn scoped_realloc(ptr: *mut u8, layout: Layout, new_size: usize, tag: Tag
 /// The global allocator's small miss path: the scoped tag's, if one is entered, else the
 /// `SystemAllocator`'s ([`alloc_small_missed`]). No calls but tail calls.
 #[inline(never)]
-fn alloc_small_scoped(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
+fn alloc_small_scoped(size: usize, align: usize, class: usize) -> *mut u8 {
+    let tc = thread_cache::missed_cache();
     let tag = if tc.is_null() {
         thread_cache::current_tag()
     } else {
@@ -451,8 +452,8 @@ fn alloc_small_missed(size: usize, align: usize, class: usize, tc: CacheRef) -> 
 /// as a [`BlockAllocator`](crate::BlockAllocator)): never a guarded block, whose usable
 /// size is less.
 #[inline(never)]
-fn alloc_small_missed_unguarded(size: usize, align: usize, class: usize, tc: CacheRef) -> *mut u8 {
-    alloc_small_missed_as::<false>(size, align, class, tc)
+fn alloc_small_missed_unguarded(size: usize, align: usize, class: usize) -> *mut u8 {
+    alloc_small_missed_as::<false>(size, align, class, thread_cache::missed_cache())
 }
 
 /// [`alloc_small_missed`], a guarded sample taken (`GUARD`) or passed over.

@@ -893,9 +893,10 @@ pub(crate) type CacheRef = *const ThreadCache;
 /// Everything else — an empty bin, the class's allocation count at its
 /// [`open_until`](lane::ClassSlot::open_until) mark (records want a look: a sampled allocation, or
 /// records of every allocation), or a cache only reachable through `thread_local!` — goes to
-/// `miss(size, align, class, cache)`, a single way out that keeps the caller's own
-/// arguments in their own registers (so the fast path needs no stack frame and no moves)
-/// and hands on what the fast path already worked out.
+/// `miss(size, align, class)`, a single way out that keeps the caller's own arguments in
+/// their own registers (so the fast path needs no stack frame and no moves). The miss finds
+/// the cache again itself ([`missed_cache`]): passing it cost the fast path an instruction
+/// on every hit, where the compiler computed the cache's address for the exits that need it.
 ///
 /// `SCOPED`: the global allocator's own entry, which allocates from the lane of the scoped
 /// tag entered on the thread (see [`ThreadCache::current`]) and counts the request there;
@@ -905,35 +906,37 @@ pub(crate) type CacheRef = *const ThreadCache;
 pub(crate) fn allocate_gated<const SCOPED: bool>(
     class: usize,
     layout: Layout,
-    miss: fn(usize, usize, usize, CacheRef) -> *mut u8,
+    miss: fn(usize, usize, usize) -> *mut u8,
 ) -> *mut u8 {
-    let tc: CacheRef = match thread_pointer::cache_address() {
-        Some(addr) => {
-            let tc = addr as CacheRef;
-            // SAFETY: `tc` is this thread's cache (see `thread_pointer`), which lives as
-            // long as the thread, and `current` one of its lanes (or the idle lane); `class`
-            // comes from the class table.
-            unsafe {
-                let lane = if SCOPED {
-                    &*(*tc).current.get()
-                } else {
-                    (*tc).system()
-                };
-                let p = lane.allocate_open(class);
-                if !p.is_null() {
-                    if SCOPED {
-                        // Counted in lane 0 too, where nobody reads it: cheaper than a
-                        // branch.
-                        lane.add_requested_fast(layout.size());
-                    }
-                    return p;
+    if let Some(addr) = thread_pointer::cache_address() {
+        let tc = addr as CacheRef;
+        // SAFETY: `tc` is this thread's cache (see `thread_pointer`), which lives as long as
+        // the thread, and `current` one of its lanes (or the idle lane); `class` comes from
+        // the class table.
+        unsafe {
+            let lane = if SCOPED {
+                &*(*tc).current.get()
+            } else {
+                (*tc).system()
+            };
+            let p = lane.allocate_open(class);
+            if !p.is_null() {
+                if SCOPED {
+                    // Counted in lane 0 too, where nobody reads it: cheaper than a branch.
+                    lane.add_requested_fast(layout.size());
                 }
+                return p;
             }
-            tc
         }
-        None => ptr::null(),
-    };
-    miss(layout.size(), layout.align(), class, tc)
+    }
+    miss(layout.size(), layout.align(), class)
+}
+
+/// The calling thread's cache as [`allocate_gated`]'s fast path found it, for its miss:
+/// null where the thread pointer cannot reach it.
+#[inline(always)]
+pub(crate) fn missed_cache() -> CacheRef {
+    thread_pointer::cache_address().map_or(ptr::null(), |addr| addr as CacheRef)
 }
 
 /// Where [`allocate_gated`] missed with a cache in hand: what the records settings say
