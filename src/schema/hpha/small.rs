@@ -198,7 +198,7 @@ pub(crate) fn page_of(ptr: *mut u8) -> *mut PageHeader {
     // `header_array(seg) + index * HEADER_STRIDE` with the colour's and the index's bits
     // moved into place by one shift (the unit test checks the two agree).
     ptr.map_addr(|a| {
-        (a & !(SEGMENT_SIZE - 1)) + HEADER_ARRAY + (a / HEADER_SHIFT_DIVISOR & HEADER_OFFSET_MASK)
+        (a & !(SEGMENT_SIZE - 1)) + HEADER_ARRAY + ((a / HEADER_SHIFT_DIVISOR) & HEADER_OFFSET_MASK)
     })
     .cast()
 }
