@@ -12,7 +12,9 @@ use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
+mod barrier;
 mod raw;
+pub(crate) use barrier::{prepare_process_barrier, process_barrier, process_barrier_ready};
 pub(crate) use raw::{TestAndSet, WaitersFirst};
 
 /// The atomics and waits of the code that `tests/loom.rs` also compiles with loom's (which

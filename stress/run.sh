@@ -10,6 +10,8 @@
 #   models    the proptest model tests with many more cases (STRESS_CASES, default 20000)
 #   threads   the multi-threaded tests, release build, STRESS_ROUNDS times (default 15)
 #   fork      fork while other threads allocate, STRESS_FORKS rounds (default 1000)
+#   budget    threads racing to fill a Fail budget through its lanes, STRESS_BUDGET_RUNS
+#             runs (default 2000; each must end at most at the limit, within a block of it)
 #   valgrind  every test binary (and the demo) under valgrind memcheck, if installed
 #   tsan      every test binary and the examples built with ThreadSanitizer (nightly with
 #             rust-src); skips fork, fork_pools (TSan cannot fork a threaded process),
@@ -27,7 +29,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(models threads fork valgrind tsan miri loom fuzz)
+[ ${#stages[@]} -eq 0 ] && stages=(models threads fork budget valgrind tsan miri loom fuzz)
 logs=target/stress
 limit=${STRESS_TIMEOUT:-900}
 mkdir -p "$logs"
@@ -98,6 +100,28 @@ stage_fork() {
     echo "ok   fork, fork_pools"
   else
     fail "fork" "$log"
+  fi
+}
+
+stage_budget() {
+  local runs=${STRESS_BUDGET_RUNS:-2000}
+  note "budget: $runs runs of the Fail budget race"
+  local bin
+  bin=$(test_binaries --test budget_lanes | awk '{print $2}' | head -1)
+  [ -n "$bin" ] || {
+    fail "budget build"
+    return
+  }
+  local log=$logs/budget_race.log failed=0
+  : >"$log"
+  for _ in $(seq "$runs"); do
+    "$bin" threads_racing --test-threads=1 >>"$log" 2>&1 || failed=$((failed + 1))
+  done
+  if [ "$failed" -eq 0 ]; then
+    echo "ok   budget race ($runs runs)"
+    rm -f "$log"
+  else
+    fail "budget race ($failed of $runs runs)" "$log"
   fi
 }
 
@@ -220,7 +244,7 @@ stage_fuzz() {
 
 for stage in "${stages[@]}"; do
   case $stage in
-  models | threads | fork | valgrind | tsan | miri | loom | fuzz)
+  models | threads | fork | budget | valgrind | tsan | miri | loom | fuzz)
     started=$SECONDS
     "stage_$stage"
     note "$stage: $((SECONDS - started)) s"

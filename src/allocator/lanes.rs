@@ -79,6 +79,11 @@ static SAMPLE_INTERVALS: [AtomicU64; MAX_TAGS] = [const { AtomicU64::new(0) }; M
 /// `N` guarded, `N` the smallest over the allocators whose figures hold the tag's blocks
 /// (its owner, the children above it, the `SystemAllocator`); 0 while none guards.
 static GUARD_INTERVALS: [AtomicU32; MAX_TAGS] = [const { AtomicU32::new(0) }; MAX_TAGS];
+/// Each tag's lanes as last computed by [`refresh`]: whether a `Fail` budget is set on its
+/// owner or a child above it. Such a lane counts each allocation in step with the threads
+/// that decide at the limit (see `thread_cache::budget_allocate`) instead of letting runs of
+/// blocks through its fast path.
+static EXACT: [AtomicBool; MAX_TAGS] = [const { AtomicBool::new(false) }; MAX_TAGS];
 /// The tags whose lanes ever guarded: their frees keep asking whether a block is a guarded
 /// one (`HOOK_GUARD`) after the setting goes, for the guarded blocks still live.
 static GUARDED_ONCE: [AtomicBool; MAX_TAGS] = [const { AtomicBool::new(false) }; MAX_TAGS];
@@ -204,6 +209,11 @@ fn compute_records_gate(owner: &'static Registration) -> (u8, u64) {
 // lanes close (publishing everything), and every call takes the general path, which checks
 // the budget exactly at each call as before; a general-path call that finds the budget far
 // again (by twice the margin, so that lanes do not flap) opens them again.
+//
+// Under a `Fail` budget ([`EXACT`]) no block goes through the fast path: each is counted on
+// the miss path in step with the threads that decide at the limit, so that none read an
+// open gate and lands after a decision that missed it (see `publish_all`, and
+// docs/architecture.md, "Budgets on lanes"). The runs and checkpoints are the same.
 
 /// Bytes of one class a lane under a budget allocates between two checkpoints, at most (and
 /// one block at least).
@@ -230,7 +240,7 @@ fn budget_far(r: &'static Registration, threads: usize, reopening: bool) -> bool
 /// every budget above is still far, returns how many blocks of the class may go through
 /// before the next checkpoint. `None`: a budget is near, the lanes close, and the caller
 /// takes the general path. Called by the lane's owning thread.
-pub(crate) fn budget_checkpoint(tag: Tag, lane: &Lane, class: usize) -> Option<u64> {
+pub(crate) fn budget_checkpoint(tag: Tag, lane: &Lane, class: usize) -> Option<u32> {
     let owner = owner(tag)?;
     // Published without the peaks first: the caller's block is in these bytes, and stays
     // only if every budget is far.
@@ -254,7 +264,7 @@ pub(crate) fn budget_checkpoint(tag: Tag, lane: &Lane, class: usize) -> Option<u
                 .peak_after_publication(live, Registry::Unlocked);
         }
     }
-    Some((BUDGET_CLASS_SLACK / class_size(class)).max(1) as u64)
+    Some((BUDGET_CLASS_SLACK / class_size(class)).max(1) as u32)
 }
 
 /// Bytes a thread's lane can hold unpublished once its gate closed: the block it was taking
@@ -301,6 +311,14 @@ pub(crate) fn maybe_reopen(r: &'static Registration) {
     {
         refresh();
     }
+}
+
+/// Whether the lanes of `tag` are under a `Fail` budget (see [`EXACT`]).
+#[inline]
+pub(crate) fn exact(tag: Tag) -> bool {
+    // Acquire: the process barrier's state, settled before `EXACT` was first set (see
+    // `refresh`), is then the one the owner's fences go by.
+    EXACT.get(usize::from(tag)).is_some_and(|e| e.load(Acquire))
 }
 
 /// One allocation in how many the lanes of `tag` guard (see [`GUARD_INTERVALS`]); 0: none.
@@ -398,6 +416,11 @@ pub(crate) fn refresh() {
     for r in budgeted() {
         r.counters().make_exact();
     }
+    if budgeted().any(|r| r.budget().settings().enforced()) {
+        // Before any lane counts under a `Fail` budget, and outside the lock: registering
+        // for the barrier can take milliseconds.
+        crate::sync::prepare_process_barrier();
+    }
     let threads = thread_cache::lock_threads();
     for r in budgeted() {
         if let Some(lanes_below) = r.counters().lanes_below() {
@@ -414,6 +437,9 @@ pub(crate) fn refresh() {
         let (hooks, interval, guard) = owner(index as Tag).map_or((CLOSED, 0, 0), |owner| {
             compute_gate(owner, &GUARDED_ONCE[index])
         });
+        let exact = owner(index as Tag)
+            .is_some_and(|owner| chain(owner).any(|r| r.budget().settings().enforced()));
+        EXACT[index].store(exact, Release);
         SAMPLE_INTERVALS[index].store(interval, Relaxed);
         GUARD_INTERVALS[index].store(guard, Relaxed);
         gate.store(hooks, Relaxed);
@@ -422,7 +448,7 @@ pub(crate) fn refresh() {
     // Once more after the gates changed: what lanes took before they saw their new gate.
     for r in budgeted() {
         if let Some(lanes_below) = r.counters().lanes_below() {
-            publish_all(&threads, &lanes_below);
+            publish_all_after_gates(&threads, &lanes_below);
         }
     }
 }
@@ -480,10 +506,46 @@ pub(crate) fn tags_below(counters: &Counters) -> TagSet {
 
 /// Publishes the lanes of the tags in `tags` of every live thread's cache (a budget needs
 /// the exact live figure). Called with the thread registry locked.
+///
+/// A lane open under a `Fail` budget may be counting a block as its gate closes: after a
+/// process-wide barrier (which pairs with the owner's compiler barrier, see
+/// `Lane::announce_budget_allocation`), each such lane's allocation in flight is waited
+/// out, so that the figure holds every block a lane took while its gate was open. A lane
+/// whose gate is closed needs neither: whoever closed it did both, under this lock
+/// ([`publish_all_after_gates`], in [`refresh`]), so its owner has seen the closed gate
+/// since.
 pub(crate) fn publish_all(threads: &ThreadList, tags: &TagSet) {
+    let mut barrier = false;
     threads.for_each_lane(
         |tag| tags.contains(tag),
-        |tag, lane| publish_lane(tag, lane, Registry::Locked(threads)),
+        |tag, lane| {
+            if exact(tag) && serves(lane.hooks()) {
+                if !barrier {
+                    crate::sync::process_barrier();
+                    barrier = true;
+                }
+                lane.wait_out_budget_allocation();
+            }
+            publish_lane(tag, lane, Registry::Locked(threads));
+        },
+    );
+}
+
+/// [`publish_all`] right after [`refresh`] wrote the gates: the lanes a gate closed may
+/// have an allocation in flight that read it open, so every lane's is waited out, after
+/// the process-wide barrier (if there is any lane to publish).
+fn publish_all_after_gates(threads: &ThreadList, tags: &TagSet) {
+    let mut barrier = false;
+    threads.for_each_lane(
+        |tag| tags.contains(tag),
+        |tag, lane| {
+            if !barrier {
+                crate::sync::process_barrier();
+                barrier = true;
+            }
+            lane.wait_out_budget_allocation();
+            publish_lane(tag, lane, Registry::Locked(threads));
+        },
     );
 }
 

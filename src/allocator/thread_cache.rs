@@ -84,7 +84,9 @@ pub(crate) const HOOK_FREE_SAMPLED: u8 = 8;
 pub(crate) const HOOK_CLOSED: u8 = 16;
 /// A child's lane open under a budget (see `lanes`): its allocations take the miss path
 /// every few blocks of a class (the class's mark), which publishes the lane's bytes of that
-/// class and checks the budget's distance before letting the next few through.
+/// class and checks the budget's distance before letting the next few through. Under a
+/// `Fail` budget every allocation takes it (the marks stay closed), to be counted in step
+/// with a thread deciding at the limit (see `budget_allocate`).
 pub(crate) const HOOK_BUDGET: u8 = 64;
 /// Lane 0 only: a scoped tag was entered somewhere in the process, so a small block freed
 /// through the global allocator may be a tag's: the free fast path offers it to the current
@@ -1282,14 +1284,20 @@ unsafe fn allocate_in_lane(
     // marks are this thread's to refill.
     unsafe {
         if let Some(lane) = tc.lane_of(tag)
-            && lane_plain(tc, lane)
-            && lane.slots.get_unchecked(class).open_until.load(Relaxed) == OPEN
+            && tc.state.get() == STATE_ACTIVE
         {
-            let p = tc.allocate(lane, class);
-            if requested && !p.is_null() {
-                lane.add_requested(layout.size());
+            let hooks = lane.hooks.load(Relaxed);
+            if hooks == 0 && lane.slots.get_unchecked(class).open_until.load(Relaxed) == OPEN {
+                let p = tc.allocate(lane, class);
+                if requested && !p.is_null() {
+                    lane.add_requested(layout.size());
+                }
+                return Some(p);
             }
-            return Some(p);
+            if hooks == HOOK_BUDGET {
+                // Straight to it: a lane under a `Fail` budget comes here on every call.
+                return budget_allocate(tc, lane, tag, class, hooks, layout.size(), requested);
+            }
         }
         lane_allocate_hooked(tc, tag, class, layout, requested)
     }
@@ -1315,25 +1323,7 @@ unsafe fn lane_allocate_hooked(
     unsafe {
         let hooks = lane.hooks.load(Relaxed);
         if hooks & HOOK_BUDGET != 0 {
-            // A budget's checkpoint. The block is taken (and counted) first, so that a refill
-            // that blocks comes before the decision, and the published figure the decision
-            // reads already holds it; then this class's bytes are published, and if the
-            // budget is still far, a run of blocks goes through before the next look.
-            let p = tc.allocate(lane, class);
-            if p.is_null() {
-                return Some(p);
-            }
-            let Some(run) = lanes::budget_checkpoint(tag, lane, class) else {
-                tc.free(lane, p, class);
-                lane.forget_pair(class);
-                return None;
-            };
-            let count = lane.slots.get_unchecked(class).allocations.load(Relaxed);
-            tc.set_open_until(lane, class, count.saturating_add(run), hooks);
-            if requested {
-                lane.add_requested(layout.size());
-            }
-            return Some(p);
+            return budget_allocate(tc, lane, tag, class, hooks, layout.size(), requested);
         }
         let sampled = match tc.charge_settled(lane, class) {
             SampleCharge::Sampled(interval) => Some(interval),
@@ -1354,6 +1344,97 @@ unsafe fn lane_allocate_hooked(
             if let Some(interval) = sampled {
                 lanes::record_sampled(tag, ptr, layout, class_size(class), interval);
             }
+        }
+        Some(p)
+    }
+}
+
+/// A small allocation through a lane open under a budget (`hooks` has `HOOK_BUDGET`) that
+/// missed its fast path: a budget's checkpoint, or (under a `Fail` budget) any allocation.
+///
+/// Under `Warn` budgets only, the lane serves runs of blocks on its fast path: the block is
+/// taken and counted here, then the checkpoint publishes the class's bytes and, if every
+/// budget above is still far, opens the class's mark for the next run.
+///
+/// Under a `Fail` budget the marks stay closed, so that every allocation can be counted in
+/// step with a thread deciding at the limit (a block counted after a decision that missed
+/// it would take the budget over). The block is taken without being counted first, so that
+/// a refill, which may take the heap's locks and the thread registry's, comes before the
+/// allocation is marked in flight (a thread waiting for it may hold the registry's lock);
+/// then it is marked, the gate looked at again (see [`Lane::announce_budget_allocation`]),
+/// and counted. Every run of blocks of the class ends in the same checkpoint.
+///
+/// In both, if a budget is near, the lanes close and this block goes back: `None`, the
+/// general path serves.
+///
+/// # Safety
+/// As for [`allocate_in_lane`]; `lane` is this thread's live lane of `tag`, and `size` the
+/// request's size.
+#[cold]
+#[inline(never)]
+unsafe fn budget_allocate(
+    tc: &ThreadCache,
+    lane: &Lane,
+    tag: Tag,
+    class: usize,
+    hooks: u8,
+    size: usize,
+    requested: bool,
+) -> Option<*mut u8> {
+    // SAFETY: the owning thread, a live cache and a lane of it, a valid class (forwarded
+    // from the caller): its bins, marks and sizings are this thread's.
+    unsafe {
+        let exact = lanes::exact(tag);
+        let p = if exact {
+            let p = tc.allocate_as::<false>(lane, class);
+            if p.is_null() {
+                return Some(p);
+            }
+            if !lane.announce_budget_allocation(hooks) {
+                // The gate changed since the caller read it: the block goes back uncounted
+                // (the bin had it a moment ago, so it has room) and the general path serves.
+                lane.push_uncounted(lane.bin(class), p, class);
+                return None;
+            }
+            lane.owner_alloc(class);
+            lane.budget_allocation_counted();
+            let left = lane.sizing(class).budget_left;
+            if left != 0 {
+                lane.sizing(class).budget_left = left - 1;
+                if requested {
+                    lane.add_requested(size);
+                }
+                return Some(p);
+            }
+            p
+        } else {
+            let p = tc.allocate(lane, class);
+            if p.is_null() {
+                return Some(p);
+            }
+            p
+        };
+        let Some(run) = lanes::budget_checkpoint(tag, lane, class) else {
+            tc.free(lane, p, class);
+            lane.forget_pair(class);
+            return None;
+        };
+        if exact {
+            lane.sizing(class).budget_left = run;
+        } else {
+            let slot = lane.slots.get_unchecked(class);
+            let count = slot.allocations.load(Relaxed);
+            tc.set_open_until(lane, class, count.saturating_add(u64::from(run)), hooks);
+            // A `Fail` budget set meanwhile keeps the hooks byte as it was: `refresh` sets
+            // `EXACT` before it closes the marks, and the fence in `set_open_until` orders
+            // this look after the mark's store, so either the look sees it or the close
+            // comes after the store.
+            if lanes::exact(tag) {
+                slot.open_until.store(CLOSED, Relaxed);
+            }
+        }
+        if requested {
+            lane.add_requested(size);
         }
         Some(p)
     }

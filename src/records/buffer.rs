@@ -1214,48 +1214,11 @@ pub(crate) unsafe fn after_fork(child: bool) {
     }
 }
 
-const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 8;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 16;
-
-/// Registers for the fast process-wide barrier, once (at the first `fork()` with records
-/// on: registering can take milliseconds, which no allocation should wait for). Returns
-/// whether the fast barrier is available.
-fn expedited_barrier() -> bool {
-    static STATE: AtomicU32 = AtomicU32::new(0); // 0: not tried, 1: available, 2: not
-    match STATE.load(Acquire) {
-        1 => return true,
-        2 => return false,
-        _ => {}
-    }
-    #[cfg(all(target_os = "linux", not(miri)))]
-    // SAFETY: membarrier takes plain integers and touches no memory of ours.
-    let ok = unsafe {
-        libc::syscall(
-            libc::SYS_membarrier,
-            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
-            0,
-        )
-    } == 0;
-    #[cfg(not(all(target_os = "linux", not(miri))))]
-    let ok = false;
-    STATE.store(if ok { 1 } else { 2 }, Release);
-    ok
-}
-
-/// A full memory barrier on every running thread of the process (Linux `membarrier`).
+/// A full memory barrier on every running thread of the process (registered for the fast
+/// one at the first `fork()` with records on).
 fn process_barrier() {
-    #[cfg(all(target_os = "linux", not(miri)))]
-    {
-        let cmd = if expedited_barrier() {
-            MEMBARRIER_CMD_PRIVATE_EXPEDITED
-        } else {
-            MEMBARRIER_CMD_GLOBAL
-        };
-        // SAFETY: as in `expedited_barrier`.
-        unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0) };
-    }
-    fence(SeqCst);
+    crate::sync::prepare_process_barrier();
+    crate::sync::process_barrier();
 }
 
 #[cfg(test)]

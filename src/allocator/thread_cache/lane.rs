@@ -18,7 +18,8 @@ use crate::stats::ShardSum;
 use core::cell::UnsafeCell;
 use core::ptr::{self, null_mut};
 use core::sync::atomic::{
-    AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering::*,
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering::*,
+    compiler_fence, fence,
 };
 
 /// Bytes a bin may hold before it gives half back, bounded in blocks below.
@@ -113,6 +114,7 @@ const fn first_sizings() -> [UnsafeCell<BinSizing>; CLASS_COUNT] {
             seen: 0,
             sample_off: FAR,
             guard_off: FAR,
+            budget_left: 0,
         })
     }; CLASS_COUNT];
     let mut class = 0;
@@ -123,6 +125,7 @@ const fn first_sizings() -> [UnsafeCell<BinSizing>; CLASS_COUNT] {
             seen: 0,
             sample_off: FAR,
             guard_off: FAR,
+            budget_left: 0,
         });
         class += 1;
     }
@@ -191,6 +194,11 @@ pub(super) struct BinSizing {
     /// `ThreadCache::charge_guarded`.
     pub(super) sample_off: u32,
     pub(super) guard_off: u32,
+    /// While the lane is open under a budget (`HOOK_BUDGET`): allocations of the class
+    /// that may go through before the next checkpoint (see `lanes::budget_checkpoint`).
+    /// Left as it was when the gate changes: it is never more than one checkpoint's run,
+    /// which the budget's margin covers.
+    pub(super) budget_left: u32,
 }
 
 /// [`BinSizing::sample_off`] and [`BinSizing::guard_off`]: nothing drawn within reach.
@@ -240,6 +248,11 @@ pub(crate) struct Lane {
     /// compare, so that a lane that only samples pays the sample filter's test and nothing
     /// more. Written with the hooks (see [`set_hooks`](Self::set_hooks)).
     free_gate: AtomicU8,
+    /// Child lanes open under a budget: set by the owner while it counts an allocation
+    /// (from just before it looks at the gate again until the count is stored), so that a
+    /// thread deciding at the budget's limit waits for a block the lane is taking as its
+    /// gate closes (see [`announce_budget_allocation`](Self::announce_budget_allocation)).
+    budget_in_flight: AtomicBool,
     /// Lane 0: a global small free of a block at or above this address goes straight into
     /// a bin without reading the hooks (one compare, see `free_gated`): 0 while no hook
     /// concerns frees, the end of the guarded area while guarded sampling is the only one
@@ -296,6 +309,7 @@ impl Lane {
             tag: AtomicU16::new(tag),
             free_tag: AtomicU16::new(Self::free_tag_for(hooks, tag)),
             free_gate: AtomicU8::new(Self::free_gate_for(hooks)),
+            budget_in_flight: AtomicBool::new(false),
             plain_from: AtomicUsize::new(match hooks & FREE_HOOKS {
                 0 => 0,
                 _ if hooks & HOOK_TAGS != 0 => PLAIN_NEVER_TAGS,
@@ -322,6 +336,12 @@ impl Lane {
             resizes: AtomicU64::new(0),
             moves: AtomicU64::new(0),
         }
+    }
+
+    /// The hooks byte (see the field).
+    #[inline(always)]
+    pub(crate) fn hooks(&self) -> u8 {
+        self.hooks.load(Relaxed)
     }
 
     /// The tag whose blocks this lane holds.
@@ -857,9 +877,65 @@ impl Lane {
         self.sub_requested(size);
     }
 
+    /// The owner, about to count an allocation through this lane open under a budget
+    /// with hooks byte `hooks`: marks the allocation in flight, then looks at the gate
+    /// again. `false` (nothing marked): the gate changed, the caller takes the general
+    /// path. `true`: the caller counts the block, then calls
+    /// [`budget_allocation_counted`](Self::budget_allocation_counted).
+    ///
+    /// Why: a thread deciding at a budget's limit first closes the lanes below it, then
+    /// publishes them ([`wait_out_budget_allocation`](Self::wait_out_budget_allocation)
+    /// on each, then their counts). Each side writes its word, then reads the other's,
+    /// with a full barrier between (here a fence, or where `membarrier` works, the
+    /// decider's process-wide barrier), so at least one sees the other: either this owner
+    /// sees the closed gate, or the decider sees the mark and waits for the count. A block
+    /// that read an open gate can then never be counted after a decision that missed it.
+    #[inline]
+    pub(super) fn announce_budget_allocation(&self, hooks: u8) -> bool {
+        self.budget_in_flight.store(true, Relaxed);
+        // Asymmetric fences where the process barrier works: the decider calls it, which
+        // puts a full barrier between this store and load on whichever thread is between
+        // them; a fence here cost about 10 ns, twice the whole allocation.
+        if crate::sync::process_barrier_ready() {
+            compiler_fence(SeqCst);
+        } else {
+            fence(SeqCst);
+        }
+        if self.hooks.load(Relaxed) == hooks {
+            return true;
+        }
+        self.budget_in_flight.store(false, Relaxed);
+        false
+    }
+
+    /// After [`announce_budget_allocation`](Self::announce_budget_allocation) and the
+    /// count: the allocation is no longer in flight (Release: with its count).
+    #[inline]
+    pub(super) fn budget_allocation_counted(&self) {
+        self.budget_in_flight.store(false, Release);
+    }
+
+    /// Waits until no allocation is in flight through this lane (see
+    /// [`announce_budget_allocation`](Self::announce_budget_allocation)); its count is
+    /// then visible. The caller closed the lane's gate and then called
+    /// `sync::process_barrier`; the owner finishes an allocation in flight without any
+    /// lock, so the caller may hold the thread registry's.
+    pub(crate) fn wait_out_budget_allocation(&self) {
+        let mut spins = 0u32;
+        while self.budget_in_flight.load(Acquire) {
+            if spins < 64 {
+                spins += 1;
+                core::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
     /// Zeroes the counts and publication marks (the owner is retiring, everything has
     /// been published and absorbed elsewhere).
     pub(super) fn reset_counts(&self) {
+        self.budget_in_flight.store(false, Relaxed);
         self.requested_in.store(0, Relaxed);
         self.requested_out.store(0, Relaxed);
         self.resizes.store(0, Relaxed);
