@@ -1396,7 +1396,7 @@ unsafe fn budget_allocate(
                 lane.push_uncounted(lane.bin(class), p, class);
                 return None;
             }
-            lane.owner_alloc(class);
+            lane.count_uncounted_pop(class);
             lane.budget_allocation_counted();
             let left = lane.sizing(class).budget_left;
             if left != 0 {

@@ -581,6 +581,21 @@ impl Lane {
         slot.cast()
     }
 
+    /// Counts in the lane a block of `class` taken with [`pop_uncounted`](Self::pop_uncounted)
+    /// (or an uncounted refill): one allocation more, and the bin's count as a counted pop
+    /// leaves it (the uncounted one already took the block off it).
+    ///
+    /// # Safety
+    /// Owning thread; `class < CLASS_COUNT`; no other reference to the bin is live.
+    #[inline(always)]
+    pub(super) unsafe fn count_uncounted_pop(&self, class: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.bin(class).full_at -= 1;
+            self.owner_alloc(class);
+        }
+    }
+
     /// Takes `slot`, the head of `bin`, for a caller that counts it elsewhere: the lane's
     /// counts stay, the bin's count drops by one (see [`Bin::full_at`]).
     ///
