@@ -376,8 +376,8 @@ fn unpack((node_list, at): Packed) -> Option<Found> {
     (at != u64::MAX).then_some((node_list as u32, (node_list >> 32) as usize, at))
 }
 
-/// The nodes that hold padding (see the module docs), pushed as they are made, at most once
-/// each. Entries go stale when the padding is taken over or the node freed: a node holds
+/// The nodes below [`Tlsf::scan_from`](Tlsf) that hold padding (see the module docs), pushed
+/// as they are made, at most once each (the nodes above are found by index). Entries go stale when the padding is taken over or the node freed: a node holds
 /// padding exactly when [`Node::padding`] says so. Stale entries stay until the next
 /// [`Tlsf::list_padding`] (or the block empties).
 ///
@@ -446,10 +446,19 @@ impl Clone for PaddedStack {
 #[derive(Clone, Debug)]
 pub(crate) struct Tlsf {
     nodes: Arena,
-    /// Nodes that hold padding (see the module docs), pushed as they are made.
+    /// Nodes below `scan_from` that hold padding (see the module docs), pushed as they are
+    /// made.
     padded: PaddedStack,
     /// Nodes that hold padding now.
     padded_count: u32,
+    /// Nodes from this index up are not pushed on the padded stack when they take padding:
+    /// [`Tlsf::list_padding`] looks at each of them instead, and then moves this to the
+    /// arena's end. Only the arena's end grows past it, and only [`Tlsf::clear`] and
+    /// [`Tlsf::restart`] (which empty the arena) bring it down (to 0). So the nodes of a block
+    /// filling from empty, and any node reused since, cost an allocation no flag test and no
+    /// push; a listing looks at each node made since the last one once, which is what the
+    /// pushes cost before (see docs/performance.md, seventh round).
+    scan_from: u32,
     /// Vacant nodes, most recently vacated last. A stack of indices rather than a chain
     /// through the nodes: taking one needs no load from the (possibly cold) node itself, so
     /// the two nodes an aligned allocation may create do not wait on each other.
@@ -482,6 +491,7 @@ impl Tlsf {
                 noted: Vec::new(),
             },
             padded_count: 0,
+            scan_from: 0,
             vacant: Vec::new(),
             first: NIL,
             last: NIL,
@@ -668,6 +678,11 @@ impl Tlsf {
     #[inline(always)]
     fn add_padded(&mut self, i: u32) {
         debug_assert!((i as usize) < self.nodes.len());
+        self.padded_count += 1;
+        if i >= self.scan_from {
+            // `list_padding` looks at this node without a stack entry.
+            return;
+        }
         let stack = &mut self.padded;
         debug_assert!(
             (i as usize) < stack.noted.len(),
@@ -692,24 +707,41 @@ impl Tlsf {
                 stack.entries.set_len(len + 1);
             }
         }
-        self.padded_count += 1;
     }
 
     /// Gives the padding of every node that holds some a free node of its own, in its list
-    /// (the exact searches need to see all free ranges).
+    /// (the exact searches need to see all free ranges): the nodes on the padded stack, then
+    /// every node from [`Tlsf::scan_from`](Tlsf) up, in index order.
     #[cold]
     #[inline(never)]
     fn list_padding(&mut self) {
         // By index: `new_node` below may grow the arena, and the stack's room with it.
         for k in 0..self.padded.entries.len() {
             let i = self.padded.entries[k];
+            self.padded.noted[i as usize] = 0;
+            self.list_padding_of(i);
+        }
+        self.padded.entries.clear();
+        // The nodes `list_padding_of` makes are free: they need no look.
+        let end = self.nodes.len() as u32;
+        for i in self.scan_from..end {
+            self.list_padding_of(i);
+        }
+        self.scan_from = self.nodes.len() as u32;
+        self.padded_count = 0;
+    }
+
+    /// Gives the padding node `i` holds, if any, a free node of its own, in its list (a node
+    /// that is free, vacant or reserved holds none).
+    #[inline(always)]
+    fn list_padding_of(&mut self, i: u32) {
+        {
             let (offset, pad, prev) = {
                 let n = self.node(i);
                 (n.offset, n.padding(), n.prev_phys)
             };
-            self.padded.noted[i as usize] = 0;
             if pad == 0 {
-                continue;
+                return;
             }
             // [p = padding][i = allocation]
             let p = self.new_node();
@@ -735,8 +767,6 @@ impl Tlsf {
                 self.first = p;
             }
         }
-        self.padded.entries.clear();
-        self.padded_count = 0;
     }
 
     /// Lists all padding, if any node holds some; before a search that must see every free
@@ -1381,6 +1411,7 @@ impl Tlsf {
         self.vacant.clear();
         self.padded.clear();
         self.padded_count = 0;
+        self.scan_from = 0;
         self.first = NIL;
         self.last = NIL;
         let capacity = std::mem::take(&mut self.capacity);
@@ -1491,6 +1522,7 @@ impl Tlsf {
         self.vacant.clear();
         self.padded.clear();
         self.padded_count = 0;
+        self.scan_from = 0;
         self.first = NIL;
         self.last = NIL;
         self.capacity = 0;
@@ -1534,8 +1566,8 @@ impl Tlsf {
 
     /// The size of the largest free range, exactly: the top non-empty list is found from the
     /// bitmaps, then that one list is scanned (its blocks differ by at most 1/32), and the
-    /// padding nodes hold is looked at; the cost is the length of that list and of the
-    /// padded stack.
+    /// padding nodes hold is looked at; the cost is the length of that list and, if any node
+    /// holds padding, of the padded stack and the nodes made since the last listing.
     pub(crate) fn largest_free(&self) -> u64 {
         let mut best = 0;
         if let Some(li) = self.top_list() {
@@ -1546,8 +1578,17 @@ impl Tlsf {
                 i = n.next_free;
             }
         }
-        for &i in &self.padded.entries {
-            best = best.max(self.nodes[i as usize].padding());
+        if self.padded_count != 0 {
+            let unlisted = self.scan_from as usize..self.nodes.len();
+            for i in self
+                .padded
+                .entries
+                .iter()
+                .map(|&i| i as usize)
+                .chain(unlisted)
+            {
+                best = best.max(self.nodes[i].padding());
+            }
         }
         best
     }
@@ -1623,6 +1664,19 @@ impl Tlsf {
                 self.padded.entries.len()
             ));
         }
+        if let Some(&i) = self.padded.entries.iter().find(|&&i| i >= self.scan_from) {
+            return Err(format!(
+                "padded entry {i} at or above scan_from {}",
+                self.scan_from
+            ));
+        }
+        if self.scan_from as usize > self.nodes.len() {
+            return Err(format!(
+                "scan_from {} beyond the arena ({} nodes)",
+                self.scan_from,
+                self.nodes.len()
+            ));
+        }
         let room = self.padded.noted.len();
         if room < self.nodes.len() || self.padded.entries.capacity() < room {
             return Err(format!(
@@ -1674,7 +1728,7 @@ impl Tlsf {
                 if pad > 0 {
                     totals.add(pad);
                     padded += 1;
-                    if !on_stack[cur as usize] {
+                    if !on_stack[cur as usize] && cur < self.scan_from {
                         return Err(format!("node {cur} holds padding but is not noted"));
                     }
                     if prev_free {
@@ -1985,6 +2039,55 @@ mod tests {
         churn(&mut copy, &mut copy_live, 2000);
         // The original is untouched by all this.
         churn(&mut t, &mut live, 1000);
+    }
+
+    #[test]
+    fn padding_of_nodes_from_scan_from_up_is_listed_without_stack_entries() {
+        // Nodes at or above `scan_from` take padding without a stack entry; a listing looks at
+        // them by index and moves `scan_from` to the arena's end, after which reused nodes
+        // below it are pushed again. Every padding must reach the lists either way.
+        let mut t = Tlsf::new(1 << 16);
+        let kind = NodeKind::Used {
+            meta: 4,
+            generation: 1,
+        };
+        let mut live = Vec::new();
+        for k in 0..200u64 {
+            let size = k % 37 + 1;
+            let (i, li, at) = t.find(size, 16, Strategy::Balanced).unwrap();
+            live.push(t.take(i, li, at, size, kind));
+        }
+        assert!(t.padded_count > 0);
+        assert!(t.padded.entries.is_empty(), "a fresh arena pushes nothing");
+        t.validate().unwrap();
+        let largest = t.largest_free();
+        t.list_all();
+        t.validate().unwrap();
+        assert_eq!(t.largest_free(), largest);
+        assert_eq!(t.scan_from as usize, t.nodes.len());
+        // Free every other allocation, and allocate again: reused nodes (below `scan_from`)
+        // go on the stack, new ones (above it) do not.
+        for k in (0..live.len()).rev().step_by(2) {
+            t.release(live.swap_remove(k));
+        }
+        for k in 0..300u64 {
+            let size = k % 53 + 1;
+            let (i, li, at) = t.find(size, 16, Strategy::Balanced).unwrap();
+            live.push(t.take(i, li, at, size, kind));
+        }
+        assert!(!t.padded.entries.is_empty());
+        assert!((t.scan_from as usize) < t.nodes.len());
+        t.validate().unwrap();
+        let largest = t.largest_free();
+        t.list_all();
+        t.validate().unwrap();
+        assert_eq!(t.padded_count, 0);
+        assert_eq!(t.largest_free(), largest);
+        for i in live.drain(..) {
+            t.release(i);
+        }
+        t.validate().unwrap();
+        assert_eq!(t.scan_from, 0, "an empty block starts the arena afresh");
     }
 
     #[test]
