@@ -457,6 +457,11 @@ pub(crate) struct Tlsf {
     /// push; a listing looks at each node made since the last one once, which is what the
     /// pushes cost before (see docs/performance.md, seventh round).
     scan_from: u32,
+    /// Set when a node takes padding, cleared by a listing: while it is clear, no node holds
+    /// padding (a free only takes padding over), and [`Tlsf::list_all`] has nothing to do. A
+    /// plain store per padded allocation, where a count of the padded nodes was a
+    /// read-modify-write there and two in every free.
+    maybe_padded: bool,
     /// Vacant nodes, most recently vacated last. A stack of indices rather than a chain
     /// through the nodes: taking one needs no load from the (possibly cold) node itself, so
     /// the two nodes an aligned allocation may create do not wait on each other.
@@ -489,6 +494,7 @@ impl Tlsf {
                 noted: Vec::new(),
             },
             scan_from: 0,
+            maybe_padded: false,
             vacant: Vec::new(),
             first: NIL,
             last: NIL,
@@ -675,6 +681,9 @@ impl Tlsf {
     #[inline(always)]
     fn add_padded(&mut self, i: u32) {
         debug_assert!((i as usize) < self.nodes.len());
+        if !self.maybe_padded {
+            self.maybe_padded = true;
+        }
         if i >= self.scan_from {
             // `list_padding` looks at this node without a stack entry.
             return;
@@ -724,6 +733,7 @@ impl Tlsf {
             self.list_padding_of(i);
         }
         self.scan_from = self.nodes.len() as u32;
+        self.maybe_padded = false;
     }
 
     /// Gives the padding node `i` holds, if any, a free node of its own, in its list (a node
@@ -764,12 +774,12 @@ impl Tlsf {
         }
     }
 
-    /// Lists all padding, if any node may hold some (a node on the padded stack, or one made
-    /// since the last listing); before a search that must see every free range. (No count of
-    /// the nodes that hold padding is kept: its upkeep, an increment per padded allocation and
-    /// two decrements per free, cost about 2% of the VMA replica's time at alignment 16, see
+    /// Lists all padding, if any node may hold some (a node took padding since the last
+    /// listing); before a search that must see every free range. (No count of the nodes that
+    /// hold padding is kept: its upkeep, an increment per padded allocation and two
+    /// decrements per free, cost about 2% of the VMA replica's time at alignment 16, see
     /// docs/performance.md, seventh round. Without it a listing may find nothing to list, and
-    /// looks at each entry and new node once all the same.)
+    /// looks at each entry and node made since the last one all the same.)
     #[inline(always)]
     pub(crate) fn list_all(&mut self) {
         if self.unlisted() {
@@ -777,11 +787,10 @@ impl Tlsf {
         }
     }
 
-    /// Whether a node may hold padding that is not listed: the padded stack is not empty, or
-    /// nodes were made since the last listing.
+    /// Whether a node may hold padding that is not listed ([`Tlsf::maybe_padded`](Tlsf)).
     #[inline(always)]
     fn unlisted(&self) -> bool {
-        !self.padded.entries.is_empty() || (self.scan_from as usize) < self.nodes.len()
+        self.maybe_padded
     }
 
     /// The first non-empty list at index `li` or above.
@@ -1404,6 +1413,7 @@ impl Tlsf {
         self.vacant.clear();
         self.padded.clear();
         self.scan_from = 0;
+        self.maybe_padded = false;
         self.first = NIL;
         self.last = NIL;
         let capacity = std::mem::take(&mut self.capacity);
@@ -1514,6 +1524,7 @@ impl Tlsf {
         self.vacant.clear();
         self.padded.clear();
         self.scan_from = 0;
+        self.maybe_padded = false;
         self.first = NIL;
         self.last = NIL;
         self.capacity = 0;
@@ -1662,6 +1673,9 @@ impl Tlsf {
                 "{flags} noted flags for {} padded entries",
                 self.padded.entries.len()
             ));
+        }
+        if !self.padded.entries.is_empty() && !self.maybe_padded {
+            return Err("padded stack not empty, but maybe_padded is clear".into());
         }
         if let Some(&i) = self.padded.entries.iter().find(|&&i| i >= self.scan_from) {
             return Err(format!(
