@@ -432,11 +432,15 @@ impl std::error::Error for Error {}
 /// The user data of live allocations, by id.
 ///
 /// Zero-sized user data (`()`, the common case) is not stored by id at all: all values of a
-/// zero-sized type are alike, so they are kept on a stack that never allocates, `free` hands
-/// back any one of them, and the number kept always equals the number of live allocations
-/// (so each value is still dropped exactly once). This spares `allocate` and `free` a store
-/// and a load in a table as long as the node arena, which was a cache miss on about half of
-/// the frees in the VMA benchmark replica.
+/// zero-sized type are alike. If the type has drop glue they are kept on a stack that never
+/// allocates, `free` hands back any one of them, and the number kept always equals the
+/// number of live allocations (so each value is still dropped exactly once). This spares
+/// `allocate` and `free` a store and a load in a table as long as the node arena, which was
+/// a cache miss on about half of the frees in the VMA benchmark replica. Without drop glue
+/// (`()`) they are not kept at all: `allocate` forgets the value and `free` makes one, which
+/// spares the stack's length, a read-modify-write in every allocation and free (about 7
+/// instructions per operation and 2% of the replica's time, docs/performance.md, seventh
+/// round).
 #[derive(Debug)]
 struct Users<U> {
     /// Sized `U`: `Some` exactly for live ids.
@@ -456,10 +460,33 @@ impl<U> Default for Users<U> {
 
 impl<U> Users<U> {
     const ZST: bool = std::mem::size_of::<U>() == 0;
+    /// Zero-sized and without drop glue: not kept at all.
+    const UNKEPT: bool = Self::ZST && !std::mem::needs_drop::<U>();
+
+    /// A value of a zero-sized `U` without drop glue, given back for one that
+    /// [`put`](Self::put) forgot, or a reference to one.
+    ///
+    /// # Safety
+    ///
+    /// [`Self::UNKEPT`], and a value of `U` was given to `put` for a live allocation (so `U`
+    /// is inhabited).
+    #[inline(always)]
+    unsafe fn unkept() -> U {
+        debug_assert!(Self::UNKEPT);
+        // SAFETY: `U` is zero-sized, so a dangling, aligned, non-null pointer is valid for
+        // reading one (its zero bytes), and it is inhabited (the caller's `put` had a value),
+        // so the empty bit pattern read is that value. It stands for the value `put` forgot
+        // for this allocation, one for one, so no more values come out than went in; `U` has
+        // no drop glue, so forgetting one and making another is the same as keeping it.
+        unsafe { std::ptr::NonNull::<U>::dangling().as_ptr().read() }
+    }
 
     #[inline(always)]
     fn put(&mut self, id: u32, user: U) {
-        if Self::ZST {
+        if Self::UNKEPT {
+            // Made again by `take` (see `unkept`).
+            std::mem::forget(user);
+        } else if Self::ZST {
             self.zst.push(user);
         } else if let Some(u) = self.by_id.get_mut(id as usize) {
             *u = Some(user);
@@ -478,7 +505,11 @@ impl<U> Users<U> {
     /// Takes the data of live allocation `id` (the caller has checked that it is live).
     #[inline(always)]
     fn take(&mut self, id: u32) -> Option<U> {
-        if Self::ZST {
+        if Self::UNKEPT {
+            // SAFETY: UNKEPT, and the caller has checked that `id` is live, so `put` had a
+            // value for it.
+            Some(unsafe { Self::unkept() })
+        } else if Self::ZST {
             self.zst.pop()
         } else {
             self.by_id.get_mut(id as usize).and_then(Option::take)
@@ -486,7 +517,12 @@ impl<U> Users<U> {
     }
 
     fn get(&self, id: u32) -> Option<&U> {
-        if Self::ZST {
+        if Self::UNKEPT {
+            // SAFETY: `U` is zero-sized: a dangling, aligned, non-null pointer is valid for
+            // reads of its zero bytes, for any lifetime. The caller has checked that `id` is
+            // live, so `put` had a value for it and `U` is inhabited.
+            Some(unsafe { std::ptr::NonNull::<U>::dangling().as_ref() })
+        } else if Self::ZST {
             self.zst.first()
         } else {
             self.by_id.get(id as usize).and_then(Option::as_ref)
@@ -494,19 +530,25 @@ impl<U> Users<U> {
     }
 
     fn get_mut(&mut self, id: u32) -> Option<&mut U> {
-        if Self::ZST {
+        if Self::UNKEPT {
+            // SAFETY: as in `get`; a zero-sized access aliases nothing, so the unique
+            // reference does not overlap any other.
+            Some(unsafe { std::ptr::NonNull::<U>::dangling().as_mut() })
+        } else if Self::ZST {
             self.zst.first_mut()
         } else {
             self.by_id.get_mut(id as usize).and_then(Option::as_mut)
         }
     }
 
-    /// How many values are kept.
-    fn len(&self) -> usize {
-        if Self::ZST {
-            self.zst.len()
+    /// How many values are kept (`None`: not kept, [`Self::UNKEPT`]).
+    fn len(&self) -> Option<usize> {
+        if Self::UNKEPT {
+            None
+        } else if Self::ZST {
+            Some(self.zst.len())
         } else {
-            self.by_id.iter().filter(|u| u.is_some()).count()
+            Some(self.by_id.iter().filter(|u| u.is_some()).count())
         }
     }
 
@@ -1297,7 +1339,7 @@ impl<U> VirtualBlock<U> {
         }
         // Listed allocations have user data (else `ranges` shows them reserved, which the
         // counters catch); nothing else may.
-        if self.users.len() != count as usize {
+        if self.users.len().is_some_and(|kept| kept != count as usize) {
             return Err("user data kept for freed allocations".into());
         }
         if self.names.len() != named {

@@ -103,7 +103,9 @@ impl<U> VirtualBlock<U> {
     }
 
     /// The size of the largest free range, exactly. TLSF: the top non-empty size list is found
-    /// from the bitmaps and only that list is scanned. Linear: a walk over the entries.
+    /// from the bitmaps and only that list is scanned, and, while allocations hold alignment
+    /// padding not yet listed, the nodes that may hold it (those noted since, or made since,
+    /// the last exact search). Linear: a walk over the entries.
     pub fn largest_free(&self) -> u64 {
         match &self.engine {
             Engine::Tlsf(t) => t.largest_free(),

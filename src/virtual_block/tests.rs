@@ -606,6 +606,32 @@ fn zero_sized_user_data_is_dropped_once_per_allocation() {
 }
 
 #[test]
+fn zero_sized_user_data_without_drop_is_not_kept() {
+    // `()` and other zero-sized types without drop glue are not kept at all (see `Users`):
+    // a live handle still has user data, a stale one none.
+    #[derive(Debug, PartialEq)]
+    struct Marker;
+    let mut b = VirtualBlock::<Marker>::new(1000);
+    let a: Vec<Alloc> = (0..5)
+        .map(|_| b.allocate(&req(10).align(16), Marker).unwrap())
+        .collect();
+    assert_eq!(b.free(a[1]), Ok(Marker));
+    assert_eq!(b.user_data(a[0]), Ok(&Marker));
+    *b.user_data_mut(a[4]).unwrap() = Marker;
+    assert_eq!(b.info(a[3]).unwrap().user, &Marker);
+    assert_eq!(b.user_data(a[1]).err(), Some(Error::StaleHandle));
+    assert_eq!(b.user_data_mut(a[1]).err(), Some(Error::StaleHandle));
+    assert!(b.free(a[1]).is_err());
+    b.validate().unwrap();
+    let mut u = VirtualBlock::<()>::new(100);
+    let x = u.allocate(&req(100), ()).unwrap();
+    assert_eq!(u.user_data(x), Ok(&()));
+    assert_eq!(u.free(x), Ok(()));
+    assert_eq!(u.free(x), Err(Error::StaleHandle));
+    u.validate().unwrap();
+}
+
+#[test]
 fn names_tags_and_user_data() {
     let mut b = VirtualBlock::<String>::new(1000);
     let mesh = Tag::new("mesh");

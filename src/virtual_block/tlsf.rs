@@ -376,8 +376,8 @@ fn unpack((node_list, at): Packed) -> Option<Found> {
     (at != u64::MAX).then_some((node_list as u32, (node_list >> 32) as usize, at))
 }
 
-/// The nodes that hold padding (see the module docs), pushed as they are made, at most once
-/// each. Entries go stale when the padding is taken over or the node freed: a node holds
+/// The nodes below [`Tlsf::scan_from`](Tlsf) that hold padding (see the module docs), pushed
+/// as they are made, at most once each (the nodes above are found by index). Entries go stale when the padding is taken over or the node freed: a node holds
 /// padding exactly when [`Node::padding`] says so. Stale entries stay until the next
 /// [`Tlsf::list_padding`] (or the block empties).
 ///
@@ -446,10 +446,22 @@ impl Clone for PaddedStack {
 #[derive(Clone, Debug)]
 pub(crate) struct Tlsf {
     nodes: Arena,
-    /// Nodes that hold padding (see the module docs), pushed as they are made.
+    /// Nodes below `scan_from` that hold padding (see the module docs), pushed as they are
+    /// made.
     padded: PaddedStack,
-    /// Nodes that hold padding now.
-    padded_count: u32,
+    /// Nodes from this index up are not pushed on the padded stack when they take padding:
+    /// [`Tlsf::list_padding`] looks at each of them instead, and then moves this to the
+    /// arena's end. Only the arena's end grows past it, and only [`Tlsf::clear`] and
+    /// [`Tlsf::restart`] (which empty the arena) bring it down (to 0). So the nodes of a block
+    /// filling from empty, and any node reused since, cost an allocation no flag test and no
+    /// push; a listing looks at each node made since the last one once, which is what the
+    /// pushes cost before (see docs/performance.md, seventh round).
+    scan_from: u32,
+    /// Set when a node takes padding, cleared by a listing: while it is clear, no node holds
+    /// padding (a free only takes padding over), and [`Tlsf::list_all`] has nothing to do. A
+    /// plain store per padded allocation, where a count of the padded nodes was a
+    /// read-modify-write there and two in every free.
+    maybe_padded: bool,
     /// Vacant nodes, most recently vacated last. A stack of indices rather than a chain
     /// through the nodes: taking one needs no load from the (possibly cold) node itself, so
     /// the two nodes an aligned allocation may create do not wait on each other.
@@ -481,7 +493,8 @@ impl Tlsf {
                 entries: Vec::new(),
                 noted: Vec::new(),
             },
-            padded_count: 0,
+            scan_from: 0,
+            maybe_padded: false,
             vacant: Vec::new(),
             first: NIL,
             last: NIL,
@@ -668,6 +681,13 @@ impl Tlsf {
     #[inline(always)]
     fn add_padded(&mut self, i: u32) {
         debug_assert!((i as usize) < self.nodes.len());
+        if !self.maybe_padded {
+            self.maybe_padded = true;
+        }
+        if i >= self.scan_from {
+            // `list_padding` looks at this node without a stack entry.
+            return;
+        }
         let stack = &mut self.padded;
         debug_assert!(
             (i as usize) < stack.noted.len(),
@@ -692,24 +712,41 @@ impl Tlsf {
                 stack.entries.set_len(len + 1);
             }
         }
-        self.padded_count += 1;
     }
 
     /// Gives the padding of every node that holds some a free node of its own, in its list
-    /// (the exact searches need to see all free ranges).
+    /// (the exact searches need to see all free ranges): the nodes on the padded stack, then
+    /// every node from [`Tlsf::scan_from`](Tlsf) up, in index order.
     #[cold]
     #[inline(never)]
     fn list_padding(&mut self) {
         // By index: `new_node` below may grow the arena, and the stack's room with it.
         for k in 0..self.padded.entries.len() {
             let i = self.padded.entries[k];
+            self.padded.noted[i as usize] = 0;
+            self.list_padding_of(i);
+        }
+        self.padded.entries.clear();
+        // The nodes `list_padding_of` makes are free: they need no look.
+        let end = self.nodes.len() as u32;
+        for i in self.scan_from..end {
+            self.list_padding_of(i);
+        }
+        self.scan_from = self.nodes.len() as u32;
+        self.maybe_padded = false;
+    }
+
+    /// Gives the padding node `i` holds, if any, a free node of its own, in its list (a node
+    /// that is free, vacant or reserved holds none).
+    #[inline(always)]
+    fn list_padding_of(&mut self, i: u32) {
+        {
             let (offset, pad, prev) = {
                 let n = self.node(i);
                 (n.offset, n.padding(), n.prev_phys)
             };
-            self.padded.noted[i as usize] = 0;
             if pad == 0 {
-                continue;
+                return;
             }
             // [p = padding][i = allocation]
             let p = self.new_node();
@@ -735,17 +772,25 @@ impl Tlsf {
                 self.first = p;
             }
         }
-        self.padded.entries.clear();
-        self.padded_count = 0;
     }
 
-    /// Lists all padding, if any node holds some; before a search that must see every free
-    /// range.
+    /// Lists all padding, if any node may hold some (a node took padding since the last
+    /// listing); before a search that must see every free range. (No count of the nodes that
+    /// hold padding is kept: its upkeep, an increment per padded allocation and two
+    /// decrements per free, cost about 2% of the VMA replica's time at alignment 16, see
+    /// docs/performance.md, seventh round. Without it a listing may find nothing to list, and
+    /// looks at each entry and node made since the last one all the same.)
     #[inline(always)]
     pub(crate) fn list_all(&mut self) {
-        if self.padded_count != 0 {
+        if self.unlisted() {
             self.list_padding();
         }
+    }
+
+    /// Whether a node may hold padding that is not listed ([`Tlsf::maybe_padded`](Tlsf)).
+    #[inline(always)]
+    fn unlisted(&self) -> bool {
+        self.maybe_padded
     }
 
     /// The first non-empty list at index `li` or above.
@@ -1269,8 +1314,7 @@ impl Tlsf {
     }
 
     /// [`Tlsf::release`] of taken node `i` whose allocation starts at `start` (as
-    /// [`Tlsf::record`] found it): the node holds padding exactly when that is not its own
-    /// offset, which spares finding the alignment again.
+    /// [`Tlsf::record`] found it).
     #[inline(always)]
     pub(crate) fn release_from(&mut self, i: u32, start: u64) {
         debug_assert!(matches!(
@@ -1278,22 +1322,11 @@ impl Tlsf {
             NodeKind::Used { .. } | NodeKind::Reserved(_)
         ));
         debug_assert_eq!(start, self.node(i).start());
-        let (offset, mut size, prev, next, own_padded, prev_free) = {
+        let (offset, mut size, prev, next, prev_free) = {
             let n = self.node(i);
-            let prev_free = n.prev_is_free();
-            (
-                n.offset,
-                n.size,
-                n.prev_phys,
-                n.next_phys,
-                start != n.offset,
-                prev_free,
-            )
+            (n.offset, n.size, n.prev_phys, n.next_phys, n.prev_is_free())
         };
         debug_assert_eq!(prev_free, prev != NIL && self.node(prev).is_free());
-        // Without a branch: whether an allocation holds padding is a coin toss at most
-        // alignments.
-        self.padded_count -= u32::from(own_padded);
         let mut next_free = false;
         if next != NIL {
             let n = self.node_mut(next);
@@ -1307,7 +1340,6 @@ impl Tlsf {
                 n.offset += pad;
                 n.size -= pad;
                 size += pad;
-                self.padded_count -= u32::from(pad > 0);
             }
         }
         match (prev_free, next_free) {
@@ -1380,7 +1412,8 @@ impl Tlsf {
         self.nodes.clear();
         self.vacant.clear();
         self.padded.clear();
-        self.padded_count = 0;
+        self.scan_from = 0;
+        self.maybe_padded = false;
         self.first = NIL;
         self.last = NIL;
         let capacity = std::mem::take(&mut self.capacity);
@@ -1490,7 +1523,8 @@ impl Tlsf {
         self.nodes.clear();
         self.vacant.clear();
         self.padded.clear();
-        self.padded_count = 0;
+        self.scan_from = 0;
+        self.maybe_padded = false;
         self.first = NIL;
         self.last = NIL;
         self.capacity = 0;
@@ -1534,8 +1568,8 @@ impl Tlsf {
 
     /// The size of the largest free range, exactly: the top non-empty list is found from the
     /// bitmaps, then that one list is scanned (its blocks differ by at most 1/32), and the
-    /// padding nodes hold is looked at; the cost is the length of that list and of the
-    /// padded stack.
+    /// padding nodes hold is looked at; the cost is the length of that list and, if any node
+    /// holds padding, of the padded stack and the nodes made since the last listing.
     pub(crate) fn largest_free(&self) -> u64 {
         let mut best = 0;
         if let Some(li) = self.top_list() {
@@ -1546,8 +1580,17 @@ impl Tlsf {
                 i = n.next_free;
             }
         }
-        for &i in &self.padded.entries {
-            best = best.max(self.nodes[i as usize].padding());
+        if self.unlisted() {
+            let unlisted = self.scan_from as usize..self.nodes.len();
+            for i in self
+                .padded
+                .entries
+                .iter()
+                .map(|&i| i as usize)
+                .chain(unlisted)
+            {
+                best = best.max(self.nodes[i].padding());
+            }
         }
         best
     }
@@ -1596,6 +1639,14 @@ impl Tlsf {
         })
     }
 
+    /// The nodes that hold padding (tests only: O(nodes)).
+    #[cfg(test)]
+    fn padded_nodes(&self) -> usize {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].padding() > 0)
+            .count()
+    }
+
     /// Checks every structural invariant; the first broken one is described in the error.
     pub(crate) fn validate(&self) -> Result<(), String> {
         let mut expected_offset = 0u64;
@@ -1621,6 +1672,22 @@ impl Tlsf {
             return Err(format!(
                 "{flags} noted flags for {} padded entries",
                 self.padded.entries.len()
+            ));
+        }
+        if !self.padded.entries.is_empty() && !self.maybe_padded {
+            return Err("padded stack not empty, but maybe_padded is clear".into());
+        }
+        if let Some(&i) = self.padded.entries.iter().find(|&&i| i >= self.scan_from) {
+            return Err(format!(
+                "padded entry {i} at or above scan_from {}",
+                self.scan_from
+            ));
+        }
+        if self.scan_from as usize > self.nodes.len() {
+            return Err(format!(
+                "scan_from {} beyond the arena ({} nodes)",
+                self.scan_from,
+                self.nodes.len()
             ));
         }
         let room = self.padded.noted.len();
@@ -1674,7 +1741,7 @@ impl Tlsf {
                 if pad > 0 {
                     totals.add(pad);
                     padded += 1;
-                    if !on_stack[cur as usize] {
+                    if !on_stack[cur as usize] && cur < self.scan_from {
                         return Err(format!("node {cur} holds padding but is not noted"));
                     }
                     if prev_free {
@@ -1767,10 +1834,9 @@ impl Tlsf {
                 totals.count
             ));
         }
-        if padded != self.padded_count {
+        if padded != 0 && !self.unlisted() {
             return Err(format!(
-                "{padded} nodes hold padding, counter says {}",
-                self.padded_count
+                "{padded} nodes hold padding, but none is on the stack or unlisted"
             ));
         }
         let vacant = self.vacant.len();
@@ -1967,7 +2033,7 @@ mod tests {
         let mut t = Tlsf::new(1 << 20);
         let mut live = Vec::new();
         churn(&mut t, &mut live, 3000);
-        assert!(t.padded_count > 0);
+        assert!(t.padded_nodes() > 0);
         let mut copy = t.clone();
         let mut copy_live = live.clone();
         copy.validate().unwrap();
@@ -1975,7 +2041,8 @@ mod tests {
         churn(&mut copy, &mut copy_live, 6000);
         copy.list_all();
         copy.validate().unwrap();
-        assert_eq!(copy.padded_count, 0);
+        assert_eq!(copy.padded_nodes(), 0);
+        assert!(!copy.unlisted());
         churn(&mut copy, &mut copy_live, 2000);
         for i in copy_live.drain(..) {
             copy.release(i);
@@ -1985,6 +2052,55 @@ mod tests {
         churn(&mut copy, &mut copy_live, 2000);
         // The original is untouched by all this.
         churn(&mut t, &mut live, 1000);
+    }
+
+    #[test]
+    fn padding_of_nodes_from_scan_from_up_is_listed_without_stack_entries() {
+        // Nodes at or above `scan_from` take padding without a stack entry; a listing looks at
+        // them by index and moves `scan_from` to the arena's end, after which reused nodes
+        // below it are pushed again. Every padding must reach the lists either way.
+        let mut t = Tlsf::new(1 << 16);
+        let kind = NodeKind::Used {
+            meta: 4,
+            generation: 1,
+        };
+        let mut live = Vec::new();
+        for k in 0..200u64 {
+            let size = k % 37 + 1;
+            let (i, li, at) = t.find(size, 16, Strategy::Balanced).unwrap();
+            live.push(t.take(i, li, at, size, kind));
+        }
+        assert!(t.padded_nodes() > 0);
+        assert!(t.padded.entries.is_empty(), "a fresh arena pushes nothing");
+        t.validate().unwrap();
+        let largest = t.largest_free();
+        t.list_all();
+        t.validate().unwrap();
+        assert_eq!(t.largest_free(), largest);
+        assert_eq!(t.scan_from as usize, t.nodes.len());
+        // Free every other allocation, and allocate again: reused nodes (below `scan_from`)
+        // go on the stack, new ones (above it) do not.
+        for k in (0..live.len()).rev().step_by(2) {
+            t.release(live.swap_remove(k));
+        }
+        for k in 0..300u64 {
+            let size = k % 53 + 1;
+            let (i, li, at) = t.find(size, 16, Strategy::Balanced).unwrap();
+            live.push(t.take(i, li, at, size, kind));
+        }
+        assert!(!t.padded.entries.is_empty());
+        assert!((t.scan_from as usize) < t.nodes.len());
+        t.validate().unwrap();
+        let largest = t.largest_free();
+        t.list_all();
+        t.validate().unwrap();
+        assert_eq!(t.padded_nodes(), 0);
+        assert_eq!(t.largest_free(), largest);
+        for i in live.drain(..) {
+            t.release(i);
+        }
+        t.validate().unwrap();
+        assert_eq!(t.scan_from, 0, "an empty block starts the arena afresh");
     }
 
     #[test]
