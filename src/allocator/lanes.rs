@@ -235,21 +235,34 @@ fn budget_far(r: &'static Registration, threads: usize, reopening: bool) -> bool
     r.counters().published_live().saturating_add(margin) <= limit
 }
 
-/// A checkpoint of a lane of `tag` under a budget, for a class-`class` allocation: publishes
-/// the lane's unpublished bytes of that class into the shared figures above it, then, if
-/// every budget above is still far, returns how many blocks of the class may go through
-/// before the next checkpoint. `None`: a budget is near, the lanes close, and the caller
-/// takes the general path. Called by the lane's owning thread.
-pub(crate) fn budget_checkpoint(tag: Tag, lane: &Lane, class: usize) -> Option<u32> {
-    let owner = owner(tag)?;
-    // Published without the peaks first: the caller's block is in these bytes, and stays
-    // only if every budget is far.
+/// The first half of a budget's checkpoint of a lane of `tag`, for a class-`class`
+/// allocation: moves the lane's unpublished bytes of `class` into the
+/// shared figures above it, without the peaks (the caller's block is in these bytes, and
+/// stays only if every budget is far). Returns the bytes. Called by the lane's owning
+/// thread; under a `Fail` budget while its allocation is still marked in flight, so that
+/// a thread deciding at the limit waits until the bytes taken from the lane's mark are in
+/// the shared figure: a publisher stopped between the two hid them from every decision
+/// (a whole run of blocks, found by the racing test).
+pub(crate) fn checkpoint_publish(tag: Tag, lane: &Lane, class: usize) -> usize {
+    let Some(owner) = owner(tag) else {
+        return 0;
+    };
     let bytes = lane.take_unpublished(class);
     if bytes != 0 {
         for r in chain(owner) {
             r.counters().publish_granted_unpeaked(bytes);
         }
     }
+    bytes
+}
+
+/// The second half of a checkpoint, after [`checkpoint_publish`] moved `bytes`: if every
+/// budget above is still far, raises the peaks and returns how many blocks of the class may
+/// go through before the next checkpoint. `None`: a budget is near, the lanes close, and
+/// the caller takes the general path. Called by the lane's owning thread, with nothing in
+/// flight (it may wait for the lanes' allocations in flight).
+pub(crate) fn checkpoint_decide(tag: Tag, class: usize, bytes: usize) -> Option<u32> {
+    let owner = owner(tag)?;
     let threads = thread_cache::registered_threads_hint();
     let near = chain(owner).find(|r| r.budget().is_set() && !budget_far(r, threads, false));
     if let Some(r) = near {

@@ -412,7 +412,21 @@ impl ThreadCache {
     #[cold]
     #[inline(never)]
     fn publish_own_lane(&self, lane: &Lane) {
-        lanes::publish_lane(lane.tag(), lane, Registry::Unlocked);
+        let tag = lane.tag();
+        if lanes::exact(tag) {
+            // Under a `Fail` budget, bytes taken from the lane's marks must not be out of
+            // every figure while a thread decides at the limit: published while marked in
+            // flight if the gate is open (see `lanes::checkpoint_publish`). A closed lane
+            // holds no allocation unpublished (its closing published it), only frees, which
+            // can but make a decision refuse early.
+            let open = lane.announce_budget_allocation(HOOK_BUDGET);
+            lanes::publish_lane(tag, lane, Registry::Unlocked);
+            if open {
+                lane.budget_allocation_counted();
+            }
+        } else {
+            lanes::publish_lane(tag, lane, Registry::Unlocked);
+        }
         // SAFETY: called by the owner, on its slow path.
         unsafe { lane.published_all() };
     }
@@ -1397,24 +1411,29 @@ unsafe fn budget_allocate(
                 return None;
             }
             lane.count_uncounted_pop(class);
-            lane.budget_allocation_counted();
             let left = lane.sizing(class).budget_left;
             if left != 0 {
+                lane.budget_allocation_counted();
                 lane.sizing(class).budget_left = left - 1;
                 if requested {
                     lane.add_requested(size);
                 }
                 return Some(p);
             }
-            p
+            // The class's bytes go into the shared figure while the allocation is still
+            // marked in flight (see `lanes::checkpoint_publish`), the decision after.
+            let bytes = lanes::checkpoint_publish(tag, lane, class);
+            lane.budget_allocation_counted();
+            (p, bytes)
         } else {
             let p = tc.allocate(lane, class);
             if p.is_null() {
                 return Some(p);
             }
-            p
+            (p, lanes::checkpoint_publish(tag, lane, class))
         };
-        let Some(run) = lanes::budget_checkpoint(tag, lane, class) else {
+        let (p, bytes) = p;
+        let Some(run) = lanes::checkpoint_decide(tag, class, bytes) else {
             tc.free(lane, p, class);
             lane.forget_pair(class);
             return None;

@@ -195,7 +195,7 @@ pub(super) struct BinSizing {
     pub(super) sample_off: u32,
     pub(super) guard_off: u32,
     /// While the lane is open under a budget (`HOOK_BUDGET`): allocations of the class
-    /// that may go through before the next checkpoint (see `lanes::budget_checkpoint`).
+    /// that may go through before the next checkpoint (see `lanes::checkpoint_decide`).
     /// Left as it was when the gate changes: it is never more than one checkpoint's run,
     /// which the budget's margin covers.
     pub(super) budget_left: u32,
