@@ -528,35 +528,31 @@ pub(crate) fn tags_below(counters: &Counters) -> TagSet {
 /// ([`publish_all_after_gates`], in [`refresh`]), so its owner has seen the closed gate
 /// since.
 pub(crate) fn publish_all(threads: &ThreadList, tags: &TagSet) {
+    publish_waiting(threads, tags, |tag, lane| {
+        exact(tag) && serves(lane.hooks())
+    });
+}
+
+/// [`publish_all`] right after [`refresh`] wrote the gates: the lanes a gate closed may
+/// have an allocation in flight that read it open, so every lane's is waited out.
+fn publish_all_after_gates(threads: &ThreadList, tags: &TagSet) {
+    publish_waiting(threads, tags, |_, _| true);
+}
+
+/// Publishes the lanes of `tags` (registry locked), first waiting out the allocation in
+/// flight of each lane `wait` names, after one process-wide barrier (if any is named).
+fn publish_waiting(threads: &ThreadList, tags: &TagSet, wait: impl Fn(Tag, &Lane) -> bool) {
     let mut barrier = false;
     threads.for_each_lane(
         |tag| tags.contains(tag),
         |tag, lane| {
-            if exact(tag) && serves(lane.hooks()) {
+            if wait(tag, lane) {
                 if !barrier {
                     crate::sync::process_barrier();
                     barrier = true;
                 }
                 lane.wait_out_budget_allocation();
             }
-            publish_lane(tag, lane, Registry::Locked(threads));
-        },
-    );
-}
-
-/// [`publish_all`] right after [`refresh`] wrote the gates: the lanes a gate closed may
-/// have an allocation in flight that read it open, so every lane's is waited out, after
-/// the process-wide barrier (if there is any lane to publish).
-fn publish_all_after_gates(threads: &ThreadList, tags: &TagSet) {
-    let mut barrier = false;
-    threads.for_each_lane(
-        |tag| tags.contains(tag),
-        |tag, lane| {
-            if !barrier {
-                crate::sync::process_barrier();
-                barrier = true;
-            }
-            lane.wait_out_budget_allocation();
             publish_lane(tag, lane, Registry::Locked(threads));
         },
     );

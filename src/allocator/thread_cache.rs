@@ -413,19 +413,15 @@ impl ThreadCache {
     #[inline(never)]
     fn publish_own_lane(&self, lane: &Lane) {
         let tag = lane.tag();
-        if lanes::exact(tag) {
-            // Under a `Fail` budget, bytes taken from the lane's marks must not be out of
-            // every figure while a thread decides at the limit: published while marked in
-            // flight if the gate is open (see `lanes::checkpoint_publish`). A closed lane
-            // holds no allocation unpublished (its closing published it), only frees, which
-            // can but make a decision refuse early.
-            let open = lane.announce_budget_allocation(HOOK_BUDGET);
-            lanes::publish_lane(tag, lane, Registry::Unlocked);
-            if open {
-                lane.budget_allocation_counted();
-            }
-        } else {
-            lanes::publish_lane(tag, lane, Registry::Unlocked);
+        // Under a `Fail` budget, bytes taken from the lane's marks must not be out of every
+        // figure while a thread decides at the limit: published while marked in flight if
+        // the gate is open (see `lanes::checkpoint_publish`). A closed lane holds no
+        // allocation unpublished (its closing published it), only frees, which can but make
+        // a decision refuse early.
+        let marked = lanes::exact(tag) && lane.announce_budget_allocation(HOOK_BUDGET);
+        lanes::publish_lane(tag, lane, Registry::Unlocked);
+        if marked {
+            lane.budget_allocation_counted();
         }
         // SAFETY: called by the owner, on its slow path.
         unsafe { lane.published_all() };
@@ -1399,7 +1395,7 @@ unsafe fn budget_allocate(
     // from the caller): its bins, marks and sizings are this thread's.
     unsafe {
         let exact = lanes::exact(tag);
-        let p = if exact {
+        let (p, bytes) = if exact {
             let p = tc.allocate_as::<false>(lane, class);
             if p.is_null() {
                 return Some(p);
@@ -1432,7 +1428,6 @@ unsafe fn budget_allocate(
             }
             (p, lanes::checkpoint_publish(tag, lane, class))
         };
-        let (p, bytes) = p;
         let Some(run) = lanes::checkpoint_decide(tag, class, bytes) else {
             tc.free(lane, p, class);
             lane.forget_pair(class);
