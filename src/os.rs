@@ -86,9 +86,18 @@ pub unsafe trait PageSource: Sync {
         let _ = (ptr, len, owner_mapped);
     }
 
+    /// The size of the huge pages a mapping may be backed by, where the source uses them
+    /// (`None`: it does not, or they are turned off). A mapping that will hold one large
+    /// block is placed on such a boundary so that whole huge pages fit in it.
+    fn huge_page_size(&self) -> Option<usize> {
+        None
+    }
+
     /// Resizes a mapping, moving it if needed, keeping its contents (Linux `mremap`). Returns
-    /// null if unsupported or failed, in which case the old mapping is untouched. The result
-    /// is only granularity-aligned.
+    /// null if unsupported or failed, in which case the old mapping is untouched. A mapping
+    /// that grows past a huge page keeps its offset from a huge-page boundary where it moves
+    /// (see [`huge_page_size`](Self::huge_page_size)); otherwise the result is only
+    /// granularity-aligned.
     ///
     /// # Safety
     /// `ptr`/`old_len` must be a live mapping from this source; on success the old range must
@@ -485,12 +494,28 @@ unsafe impl PageSource for OsAllocator {
     }
 
     #[cfg(target_os = "linux")]
+    fn huge_page_size(&self) -> Option<usize> {
+        (HUGE_PAGES_FROM.load(Relaxed) != usize::MAX).then_some(HUGE_PAGE)
+    }
+
+    #[cfg(target_os = "linux")]
     unsafe fn remap(&self, ptr: *mut u8, old_len: usize, new_len: usize) -> *mut u8 {
-        // SAFETY: the caller passes a live mapping of this layer; MREMAP_MAYMOVE keeps the
-        // old mapping intact on failure.
-        let p = unsafe { libc::mremap(ptr.cast(), old_len, new_len, libc::MREMAP_MAYMOVE) };
+        let p = if new_len > old_len && new_len >= HUGE_PAGE && self.huge_page_size().is_some() {
+            // SAFETY: forwarded from the caller.
+            unsafe { Self::grow_in_step(ptr, old_len, new_len) }
+        } else {
+            // SAFETY: the caller passes a live mapping of this layer; MREMAP_MAYMOVE keeps
+            // the old mapping intact on failure.
+            unsafe { libc::mremap(ptr.cast(), old_len, new_len, libc::MREMAP_MAYMOVE) }
+        };
         if p == libc::MAP_FAILED {
             return ptr::null_mut();
+        }
+        if new_len >= old_len && Self::huge_pages_wanted(new_len, usize::MAX) {
+            // A buffer that grew into huge-page sizes: its fresh part may take huge pages.
+            // SAFETY: `p` is the live mapping of `new_len` bytes just made; the advice
+            // changes only how the kernel backs it.
+            unsafe { libc::madvise(p, new_len, libc::MADV_HUGEPAGE) };
         }
         if new_len >= old_len {
             let grown = new_len - old_len;
@@ -500,6 +525,73 @@ unsafe impl PageSource for OsAllocator {
             MAPPED.fetch_sub(old_len - new_len, Relaxed);
         }
         p.cast()
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl OsAllocator {
+    /// `mremap` growth that keeps the mapping's offset from a 2 MiB boundary: in place where
+    /// the address space after it is free, else into a reservation at the same offset. Where
+    /// the kernel chooses the new address (`MREMAP_MAYMOVE` alone), a payload placed on a
+    /// huge-page boundary lands anywhere, the huge pages already backing it are split, and
+    /// its fresh part straddles the boundaries, so a buffer grown by doubling was backed by
+    /// 4 KiB pages almost whole (a fault per 4 KiB). `MAP_FAILED` as `mremap` reports it.
+    ///
+    /// # Safety
+    /// `ptr`/`old_len` is a live mapping of this layer, `new_len > old_len`.
+    unsafe fn grow_in_step(ptr: *mut u8, old_len: usize, new_len: usize) -> *mut libc::c_void {
+        // SAFETY: a live mapping (caller); without MREMAP_MAYMOVE it grows in place or fails
+        // untouched.
+        let p = unsafe { libc::mremap(ptr.cast(), old_len, new_len, 0) };
+        if p != libc::MAP_FAILED {
+            return p;
+        }
+        let moved_anywhere = || {
+            // SAFETY: as above; MREMAP_MAYMOVE keeps the old mapping intact on failure.
+            unsafe { libc::mremap(ptr.cast(), old_len, new_len, libc::MREMAP_MAYMOVE) }
+        };
+        let Some(over) = new_len.checked_add(HUGE_PAGE) else {
+            return moved_anywhere();
+        };
+        // SAFETY: an inaccessible anonymous reservation with no address hint.
+        let reserved = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                over,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if reserved == libc::MAP_FAILED {
+            return moved_anywhere();
+        }
+        let start = reserved.addr();
+        let target = start + (ptr.addr() % HUGE_PAGE + HUGE_PAGE - start % HUGE_PAGE) % HUGE_PAGE;
+        // SAFETY: `target .. target + new_len` lies inside the reservation (`target - start <
+        // HUGE_PAGE`), which is ours and which MREMAP_FIXED replaces; the old mapping is
+        // intact if this fails.
+        let p = unsafe {
+            libc::mremap(
+                ptr.cast(),
+                old_len,
+                new_len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                reserved.with_addr(target),
+            )
+        };
+        if p == libc::MAP_FAILED {
+            Self::raw_unmap(reserved.cast(), over);
+            return moved_anywhere();
+        }
+        // The reservation's ends around the moved mapping.
+        Self::raw_unmap(reserved.cast(), target - start);
+        Self::raw_unmap(
+            p.cast::<u8>().wrapping_add(new_len),
+            start + over - (target + new_len),
+        );
+        p
     }
 }
 

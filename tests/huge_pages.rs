@@ -4,7 +4,7 @@
 
 use std::alloc::Layout;
 use tagalloc::config::HugePages;
-use tagalloc::os::OsAllocator;
+use tagalloc::os::{OsAllocator, PageSource};
 use tagalloc::schema::HphaSchema;
 
 const MIB: usize = 1 << 20;
@@ -24,6 +24,9 @@ fn kernel_offers_huge_pages() -> bool {
 }
 
 fn main() {
+    // No fault counts as a stall until the stall guard's own test below: on a loaded machine
+    // two slow first faults would turn the hints off before the checks that count them.
+    OsAllocator::set_huge_page_stall_ns(u64::MAX);
     let hints = || OsAllocator::stats().huge_page_hints;
     let heap = HphaSchema::new(OsAllocator);
     let small = Layout::from_size_align(64, 8).unwrap();
@@ -123,6 +126,8 @@ fn main() {
         unsafe { heap.deallocate(a.ptr, layout) };
     }
 
+    growing_buffers_keep_to_huge_page_boundaries();
+
     // The stall guard: with every first fault counted as a stall, the second one turns the
     // hints off for good.
     OsAllocator::set_huge_page_stall_ns(0);
@@ -146,4 +151,116 @@ fn main() {
         "huge_pages: ok ({} hints, {} stalls)",
         stats.huge_page_hints, stats.huge_page_stalls
     );
+}
+
+/// A buffer that grows into a mapping of its own is placed so that huge pages can back it:
+/// its mapping's first 4 KiB page ends on a 2 MiB boundary, the first huge page is in it
+/// whole, and `mremap` keeps that offset where it moves the mapping (the kernel, left to
+/// choose, puts it anywhere, and a doubling buffer was then backed by 4 KiB pages almost
+/// whole). Runs while huge pages are on (`auto`).
+fn growing_buffers_keep_to_huge_page_boundaries() {
+    const HUGE: usize = 2 * MIB;
+    const PAGE: usize = 4096;
+    let os = OsAllocator;
+
+    // The OS layer: a mapping placed one page before a boundary, grown where it cannot grow
+    // in place (a page just after it is taken), moves to the same offset, contents kept.
+    let len = MIB + PAGE;
+    let m = os.map(len, HUGE, PAGE);
+    assert!(!m.is_null());
+    assert_eq!(
+        (m.addr() + PAGE) % HUGE,
+        0,
+        "map(len, 2 MiB, 4 KiB) misplaced"
+    );
+    // SAFETY: `m` is a fresh mapping of `len` bytes.
+    unsafe { m.write_bytes(0x5A, len) };
+    // SAFETY: a one-page inaccessible mapping at the address after `m`, only if that address
+    // is free (MAP_FIXED_NOREPLACE); unmapped below.
+    let blocker = unsafe {
+        libc::mmap(
+            m.add(len).cast(),
+            PAGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    let new_len = 8 * MIB + PAGE;
+    // SAFETY: `m` is a live mapping of `len` bytes from `os`, not used again unless this
+    // fails.
+    let p = unsafe { os.remap(m, len, new_len) };
+    assert!(!p.is_null(), "remap to 8 MiB failed");
+    assert_ne!(p, m, "grew in place past a taken page");
+    assert_eq!(
+        (p.addr() + PAGE) % HUGE,
+        0,
+        "remap moved the mapping off its offset from a 2 MiB boundary"
+    );
+    // SAFETY: `p` is a live mapping of `new_len` bytes whose first `len` were kept.
+    unsafe {
+        assert_eq!(*p, 0x5A);
+        assert_eq!(*p.add(len - 1), 0x5A, "contents lost in the move");
+        assert_eq!(*p.add(len), 0, "the grown part reads as zero");
+        os.unmap(p, new_len);
+        if blocker != libc::MAP_FAILED {
+            libc::munmap(blocker, PAGE);
+        }
+    }
+
+    // The heap: a 900 KiB block followed by another cannot grow in place, so growing it past
+    // `GROW_DIRECT_MIN` moves it into a mapping of its own, which then doubles to 32 MiB.
+    let heap = HphaSchema::new(OsAllocator);
+    let mut layout = Layout::from_size_align(900 << 10, 8).unwrap();
+    let mut buffer = heap.allocate(layout).unwrap();
+    let after = Layout::from_size_align(100 << 10, 8).unwrap();
+    let neighbour = heap.allocate(after).unwrap();
+    // SAFETY: a live block of `layout.size()` bytes.
+    unsafe { buffer.ptr.as_ptr().write_bytes(0xA5, layout.size()) };
+    let mut size = layout.size();
+    for new_size in [
+        MIB + (100 << 10),
+        2 * MIB,
+        4 * MIB,
+        8 * MIB,
+        16 * MIB,
+        32 * MIB,
+    ] {
+        // SAFETY: `buffer` is live with `layout`; the new size is far below isize::MAX.
+        buffer = unsafe { heap.reallocate(buffer.ptr, layout, new_size) }.unwrap();
+        let p = buffer.ptr.as_ptr();
+        // SAFETY: the block holds `new_size` bytes, the first `size` of them copied.
+        unsafe {
+            assert_eq!(*p, 0xA5, "first byte kept growing to {new_size}");
+            assert_eq!(
+                *p.add(size - 1),
+                0xA5,
+                "last byte kept growing to {new_size}"
+            );
+            p.add(size).write_bytes(0xA5, new_size - size);
+        }
+        assert_eq!(
+            heap.stats().direct_blocks,
+            1,
+            "growing to {new_size} did not move the buffer into a mapping of its own"
+        );
+        let offset = p.addr() % HUGE;
+        assert!(
+            offset >= HUGE - PAGE,
+            "a {new_size}-byte buffer's payload {offset:#x} past a 2 MiB boundary"
+        );
+        assert!(
+            buffer.size >= HUGE - PAGE,
+            "{new_size} bytes granted {}: the first huge page is not whole",
+            buffer.size
+        );
+        size = new_size;
+        layout = Layout::from_size_align(size, 8).unwrap();
+    }
+    // SAFETY: both blocks are live with these layouts.
+    unsafe {
+        heap.deallocate(buffer.ptr, layout);
+        heap.deallocate(neighbour.ptr, after);
+    }
 }

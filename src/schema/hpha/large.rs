@@ -852,10 +852,21 @@ impl LargeHeap {
                 };
             }
         }
-        let base = if align <= granule {
-            source.map(len, granule, 0)
+        let (base, len) = if align <= granule {
+            match source.huge_page_size() {
+                // A block big enough to grow into huge pages (a buffer past
+                // `GROW_DIRECT_MIN`): its mapping's first page (the headers and the payload's
+                // first bytes) ends on a huge-page boundary, so that the rest is whole huge
+                // pages, and it takes the first of them whole: growing into it then costs
+                // one fault, not one per 4 KiB page (see `PageSource::remap` for the rest).
+                Some(huge) if payload >= GROW_DIRECT_MIN && huge > granule => {
+                    let len = len.max(granule + huge);
+                    (source.map(len, huge, granule), len)
+                }
+                _ => (source.map(len, granule, 0), len),
+            }
         } else {
-            source.map(len, align, header_space)
+            (source.map(len, align, header_space), len)
         };
         if base.is_null() {
             return None;
