@@ -569,29 +569,78 @@ impl OsAllocator {
         }
         let start = reserved.addr();
         let target = start + (ptr.addr() % HUGE_PAGE + HUGE_PAGE - start % HUGE_PAGE) % HUGE_PAGE;
-        // SAFETY: `target .. target + new_len` lies inside the reservation (`target - start <
+        // The move keeps the size and the growth is in place after it, in two calls, because
+        // valgrind's memcheck takes the part a single moving-and-growing `mremap` adds for
+        // inaccessible memory (every write to it then reads as an error).
+        // SAFETY: `target .. target + old_len` lies inside the reservation (`target - start <
         // HUGE_PAGE`), which is ours and which MREMAP_FIXED replaces; the old mapping is
         // intact if this fails.
-        let p = unsafe {
+        let moved = unsafe {
             libc::mremap(
                 ptr.cast(),
                 old_len,
-                new_len,
+                old_len,
                 libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
                 reserved.with_addr(target),
             )
         };
-        if p == libc::MAP_FAILED {
+        if moved == libc::MAP_FAILED {
             Self::raw_unmap(reserved.cast(), over);
             return moved_anywhere();
         }
-        // The reservation's ends around the moved mapping.
+        // The reservation's ends around the moved mapping: the part after it is where it
+        // grows.
         Self::raw_unmap(reserved.cast(), target - start);
         Self::raw_unmap(
-            p.cast::<u8>().wrapping_add(new_len),
-            start + over - (target + new_len),
+            moved.cast::<u8>().wrapping_add(old_len),
+            start + over - (target + old_len),
         );
-        p
+        // SAFETY: `moved` is the live mapping of `old_len` bytes; in place or failing
+        // untouched.
+        let p = unsafe { libc::mremap(moved, old_len, new_len, 0) };
+        if p != libc::MAP_FAILED {
+            return p;
+        }
+        // Another thread mapped into the space just freed: anywhere, then.
+        // SAFETY: as above; MREMAP_MAYMOVE keeps the mapping intact on failure.
+        let p = unsafe { libc::mremap(moved, old_len, new_len, libc::MREMAP_MAYMOVE) };
+        if p != libc::MAP_FAILED {
+            return p;
+        }
+        // Out of address space: a failed remap leaves the mapping where the caller has it,
+        // so it goes back, onto its old range claimed first (MAP_FIXED_NOREPLACE fails, or
+        // on kernels before 4.17 places it elsewhere, where another thread took the range).
+        // SAFETY: an inaccessible anonymous mapping at `ptr` only if that range is free.
+        let claim = unsafe {
+            libc::mmap(
+                ptr.cast(),
+                old_len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if claim == ptr.cast() {
+            // SAFETY: `moved` is live with `old_len` bytes; the claim at `ptr` is ours and
+            // MREMAP_FIXED replaces it.
+            let back = unsafe {
+                libc::mremap(
+                    moved,
+                    old_len,
+                    old_len,
+                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                    claim,
+                )
+            };
+            if back == claim {
+                return libc::MAP_FAILED;
+            }
+        }
+        crate::fatal::fatal!(
+            "out of address space while growing the mapping at {ptr:p} ({old_len} -> \
+             {new_len} bytes): it moved to {moved:p} and cannot move back"
+        );
     }
 }
 
