@@ -328,7 +328,8 @@ impl OsAllocator {
     /// Reserves `len` bytes of address space at an `align`-aligned address (a power of two,
     /// at least a page), inaccessible and not counted as mapped until parts of it are
     /// [committed](Self::commit); null if the address space is not there. For areas that
-    /// grow in place inside a fixed range (guarded slots), never released. `hint` (0: none)
+    /// grow in place inside a fixed range (guarded slots, never released) and for the place
+    /// a growing mapping moves to (`grow_in_step`). `hint` (0: none)
     /// is where the caller would like it; the kernel places it elsewhere when that range is
     /// taken or out of reach.
     pub(crate) fn reserve(len: usize, align: usize, hint: usize) -> *mut u8 {
@@ -550,51 +551,38 @@ impl OsAllocator {
             // SAFETY: as above; MREMAP_MAYMOVE keeps the old mapping intact on failure.
             unsafe { libc::mremap(ptr.cast(), old_len, new_len, libc::MREMAP_MAYMOVE) }
         };
-        let Some(over) = new_len.checked_add(HUGE_PAGE) else {
+        // A reservation on a huge-page boundary, long enough for the mapping grown at the
+        // same offset from it; the part before that offset goes at once.
+        let offset = ptr.addr() % HUGE_PAGE;
+        let Some(span) = new_len.checked_add(offset) else {
             return moved_anywhere();
         };
-        // SAFETY: an inaccessible anonymous reservation with no address hint.
-        let reserved = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                over,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if reserved == libc::MAP_FAILED {
+        let reserved = Self::reserve(span, HUGE_PAGE, 0);
+        if reserved.is_null() {
             return moved_anywhere();
         }
-        let start = reserved.addr();
-        let target = start + (ptr.addr() % HUGE_PAGE + HUGE_PAGE - start % HUGE_PAGE) % HUGE_PAGE;
+        Self::raw_unmap(reserved, offset);
+        let target = reserved.wrapping_add(offset);
         // The move keeps the size and the growth is in place after it, in two calls, because
         // valgrind's memcheck takes the part a single moving-and-growing `mremap` adds for
         // inaccessible memory (every write to it then reads as an error).
-        // SAFETY: `target .. target + old_len` lies inside the reservation (`target - start <
-        // HUGE_PAGE`), which is ours and which MREMAP_FIXED replaces; the old mapping is
-        // intact if this fails.
+        // SAFETY: `target .. target + new_len` is the rest of the reservation, ours, which
+        // MREMAP_FIXED replaces; the old mapping is intact if this fails.
         let moved = unsafe {
             libc::mremap(
                 ptr.cast(),
                 old_len,
                 old_len,
                 libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                reserved.with_addr(target),
+                target.cast::<libc::c_void>(),
             )
         };
         if moved == libc::MAP_FAILED {
-            Self::raw_unmap(reserved.cast(), over);
+            Self::raw_unmap(target, new_len);
             return moved_anywhere();
         }
-        // The reservation's ends around the moved mapping: the part after it is where it
-        // grows.
-        Self::raw_unmap(reserved.cast(), target - start);
-        Self::raw_unmap(
-            moved.cast::<u8>().wrapping_add(old_len),
-            start + over - (target + old_len),
-        );
+        // The reservation after the moved mapping: where it grows.
+        Self::raw_unmap(target.wrapping_add(old_len), new_len - old_len);
         // SAFETY: `moved` is the live mapping of `old_len` bytes; in place or failing
         // untouched.
         let p = unsafe { libc::mremap(moved, old_len, new_len, 0) };
