@@ -447,15 +447,15 @@ impl ThreadCache {
     unsafe fn free_as<const COUNTED: bool>(&self, lane: &Lane, ptr: *mut u8, class: usize) {
         // SAFETY: `ptr` is a live small block of `class` (caller's contract); owning thread.
         unsafe {
-            if lane.bin_full(class) {
-                check_free(ptr, class);
-                return self.free_slow::<COUNTED>(lane, ptr, class);
-            }
             if COUNTED {
-                lane.push(lane.bin(class), ptr, class);
-            } else {
-                lane.push_uncounted(lane.bin(class), ptr, class);
+                if lane.push_if_room(ptr, class) {
+                    return;
+                }
+            } else if !lane.bin_full(class) {
+                return lane.push_uncounted(lane.bin(class), ptr, class);
             }
+            check_free(ptr, class);
+            self.free_slow::<COUNTED>(lane, ptr, class)
         }
     }
 
@@ -1021,14 +1021,7 @@ pub(crate) unsafe fn pop_any(tc: CacheRef, class: usize) -> *mut u8 {
 #[inline(always)]
 pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
     // SAFETY: forwarded from the caller.
-    unsafe {
-        let lane = (*tc).system();
-        if lane.bin_full(class) {
-            return false;
-        }
-        lane.push(lane.bin(class), ptr, class);
-        true
-    }
+    unsafe { (*tc).system().push_if_room(ptr, class) }
 }
 
 /// [`charge`] through `thread_local!`: [`SampleCharge::General`] for a cache that is not
@@ -1083,19 +1076,19 @@ pub(crate) unsafe fn free_gated(
                 if records::global::maybe_sampled(ptr) {
                     return miss(ptr, layout.size(), layout.align(), class, tc);
                 }
-                if lane.bin_full(class) {
-                    return miss(ptr, layout.size(), layout.align(), class, tc);
+                if !lane.push_if_room(ptr, class) {
+                    miss(ptr, layout.size(), layout.align(), class, tc);
                 }
-                return lane.push(lane.bin(class), ptr, class);
+                return;
             }
             if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED) == 0 {
                 // Guarded sampling without records of frees, and a block below the guarded
                 // area's end: a guarded one, or one of a segment the kernel placed below
                 // the area.
-                if guarded::AREA.contains(ptr.addr()) || lane.bin_full(class) {
-                    return miss(ptr, layout.size(), layout.align(), class, tc);
+                if guarded::AREA.contains(ptr.addr()) || !lane.push_if_room(ptr, class) {
+                    miss(ptr, layout.size(), layout.align(), class, tc);
                 }
-                return lane.push(lane.bin(class), ptr, class);
+                return;
             }
             // Out of the straight line: records off and no tags is the case to keep short.
             cold_path();
@@ -1106,10 +1099,9 @@ pub(crate) unsafe fn free_gated(
                 return miss(ptr, layout.size(), layout.align(), class, tc);
             }
         }
-        if lane.bin_full(class) {
-            return miss(ptr, layout.size(), layout.align(), class, tc);
+        if !lane.push_if_room(ptr, class) {
+            miss(ptr, layout.size(), layout.align(), class, tc);
         }
-        lane.push(lane.bin(class), ptr, class);
     }
 }
 
@@ -1134,10 +1126,9 @@ pub(crate) unsafe fn free_in_current_lane(
         let lane = &*(*tc).current.get();
         // One compare for both: the block is of the lane's tag, and the lane takes frees
         // without looking at records (its `free_tag` says neither otherwise).
-        if segment_tag(ptr) != lane.free_tag() || lane.bin_full(class) {
+        if segment_tag(ptr) != lane.free_tag() || !lane.push_if_room(ptr, class) {
             return false;
         }
-        lane.push(lane.bin(class), ptr, class);
         lane.sub_requested_fast(size);
     }
     true

