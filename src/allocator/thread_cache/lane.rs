@@ -204,6 +204,15 @@ pub(super) struct BinSizing {
 /// [`BinSizing::sample_off`] and [`BinSizing::guard_off`]: nothing drawn within reach.
 pub(super) const FAR: u32 = u32::MAX;
 
+/// Whether `bin`, of the class whose slot is `slot` and whose free count is `frees`, holds
+/// its limit: net frees (`frees - allocations`) at or past [`Bin::full_at`]. Written as
+/// `frees >= allocations + full_at` so that a caller that goes on to store `frees + 1` keeps
+/// `frees` in its register (the counts never reach 2^63, so the two forms agree).
+#[inline(always)]
+fn full_with(slot: &ClassSlot, bin: &Bin, frees: u64) -> bool {
+    frees as i64 >= (slot.allocations.load(Relaxed) as i64).wrapping_add(bin.full_at)
+}
+
 /// One size class of a lane: its bin (owner-only) and its counts (owner writes, anyone
 /// reads), side by side so the fast path touches one cache line.
 pub(super) struct ClassSlot {
@@ -506,7 +515,10 @@ impl Lane {
     #[inline(always)]
     pub(super) unsafe fn bin_full(&self, class: usize) -> bool {
         // SAFETY: forwarded from the caller.
-        self.net_frees(class) >= unsafe { self.bin(class) }.full_at
+        unsafe {
+            let slot = self.slots.get_unchecked(class);
+            full_with(slot, &*slot.bin.get(), slot.frees.load(Relaxed))
+        }
     }
 
     /// The bin's count (see [`Bin::full_at`]).
@@ -650,9 +662,7 @@ impl Lane {
             let slot = self.slots.get_unchecked(class);
             let frees = slot.frees.load(Relaxed);
             let bin = &mut *slot.bin.get();
-            // `frees - allocations >= full_at`, written so that `frees` stays in its
-            // register for the store below (the counts never reach 2^63).
-            if frees as i64 >= (slot.allocations.load(Relaxed) as i64).wrapping_add(bin.full_at) {
+            if full_with(slot, bin, frees) {
                 return false;
             }
             check_free(ptr, class);
