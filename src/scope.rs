@@ -147,6 +147,15 @@ fn tag_of_slow(registration: &'static Registration) -> Tag {
     tag
 }
 
+/// Whether the calling thread's small frees through the global allocator go straight to the
+/// lane of the tag it is in (`None` before any scope was entered, or on a thread whose cache
+/// is not live): a diagnostic for tests, which check that a change of the records settings
+/// does not leave a thread's frees on the slow path.
+#[doc(hidden)]
+pub fn __frees_follow_the_scope() -> Option<bool> {
+    thread_cache::frees_routed_to_current()
+}
+
 /// Runs `f` with no tag entered: its global allocations are the `SystemAllocator`'s own
 /// (memory a subsystem's scope allocates on behalf of the whole program).
 ///

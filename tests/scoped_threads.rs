@@ -4,14 +4,16 @@
 //!   exactly what its threads still own, and at the end every tag is back to where it was;
 //! - 100 forks while those threads run: the child inherits tagged blocks, frees them and
 //!   allocates inside a tag, and its figures stay exact;
-//! - a tag entered before `main` (in an ELF constructor) counts from the first allocation.
+//! - a tag entered before `main` (in an ELF constructor) counts from the first allocation;
+//! - meanwhile the records settings are switched on and off, and each worker's frees stay on
+//!   the fast path of its tag's lane.
 //!
 //! One binary without the test harness, so no other test's threads share the tags.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, mpsc};
-use tagalloc::{AllocatorStats, SystemAllocator, TagGuard};
+use tagalloc::{AllocatorStats, RecordMode, SystemAllocator, TagGuard};
 
 #[global_allocator]
 static GLOBAL: SystemAllocator = SystemAllocator::new();
@@ -48,6 +50,9 @@ const STATS: [fn() -> AllocatorStats; THREADS] = [
     || W6.stats(),
     || W7.stats(),
 ];
+
+/// Rounds in which a worker found its frees not routed to its current lane.
+static OFF_ROUTE: AtomicUsize = AtomicUsize::new(0);
 
 /// Blocks of one kind or another, as a program holds them (held, never read: their blocks
 /// are what the test counts).
@@ -134,6 +139,12 @@ fn workers(rounds: usize, forking: &AtomicBool) -> usize {
                     if kept.len() > 4 {
                         kept.remove(0);
                     }
+                    // Records settings change meanwhile (`flip_records`): the thread's frees
+                    // still go straight to its tag's lane (counted, not asserted here: a
+                    // worker that panicked would leave the others waiting for it).
+                    if tagalloc::scope::__frees_follow_the_scope() != Some(true) {
+                        OFF_ROUTE.fetch_add(1, Ordering::Relaxed);
+                    }
                     if round == rounds / 2 {
                         barrier.wait(); // the main thread looks at the figures here
                         barrier.wait();
@@ -164,6 +175,11 @@ fn workers(rounds: usize, forking: &AtomicBool) -> usize {
         }
     });
     check(&start, "after the workers");
+    assert_eq!(
+        OFF_ROUTE.load(Ordering::Relaxed),
+        0,
+        "rounds that found a worker's frees not routed to its tag's lane"
+    );
     made.load(Ordering::Relaxed)
 }
 
@@ -198,6 +214,26 @@ extern "C" fn before_main() {
 #[used]
 #[unsafe(link_section = ".init_array")]
 static BEFORE_MAIN: extern "C" fn() = before_main;
+
+/// Changes the records settings of the `SystemAllocator` and of one worker's tag while the
+/// workers run, as a profiler switched on and off would: their figures must stay exact, and
+/// their frees on the fast path (checked by each worker every round).
+fn flip_records(stop: &AtomicBool) {
+    let mut flips = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        let (system, child) = if flips % 2 == 0 {
+            (RecordMode::sample(), RecordMode::sample())
+        } else {
+            (RecordMode::Off, RecordMode::Off)
+        };
+        GLOBAL.set_records(system);
+        W3.set_records(child);
+        flips += 1;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    GLOBAL.set_records(RecordMode::Off);
+    W3.set_records(RecordMode::Off);
+}
 
 fn main() {
     // The block allocated before main is Early's, and freeing it here uncounts it.
@@ -242,8 +278,10 @@ fn main() {
             }
             forks
         });
+        let flipper = s.spawn(|| flip_records(&stop));
         let made = workers(200, &forking);
         stop.store(true, Ordering::Relaxed);
+        flipper.join().unwrap();
         let forks = forker.join().unwrap();
         assert!(no_fork || forks >= 1, "no fork ran while the workers did");
         made

@@ -594,8 +594,7 @@ impl ThreadCache {
         if let Some(heap) = also_heap {
             self.set_up_lane_locked(also, heap, &mut list);
         }
-        self.current
-            .set(self.lane_for_scope(self.current_tag.get()));
+        self.set_current(self.lane_for_scope(self.current_tag.get()));
         drop(list);
         super::thread_pointer::learn(me.addr());
     }
@@ -639,7 +638,7 @@ impl ThreadCache {
         let built_in = self.lanes_used.load(Relaxed);
         // Lanes made on demand go back to the pool for other threads; from now on a scoped
         // call of this thread takes its tag's general path (see `lane_for_scope`).
-        self.current.set(&self.lanes[0]);
+        self.set_current(&self.lanes[0]);
         self.lanes_used.store(1, Relaxed);
         for lane in &self.scope_lanes[1..] {
             lane.store(null_mut(), Relaxed);
@@ -747,7 +746,7 @@ impl ThreadCache {
         }
         set_lane_gate(lane, lanes::gate(tag));
         if self.current_tag.get() == tag {
-            self.current.set(lane);
+            self.set_current(lane);
         }
         Some(lane)
     }
@@ -798,15 +797,23 @@ impl ThreadCache {
         } else {
             self.lane_for_scope(previous)
         };
-        self.current.set(lane);
+        self.set_current(lane);
     }
 
     /// Enters `tag` on this thread (0: none); returns the tag it replaces.
     #[inline(always)]
     fn enter(&self, tag: Tag) -> Tag {
         let previous = self.current_tag.replace(tag);
-        self.current.set(self.lane_for_scope(tag));
+        self.set_current(self.lane_for_scope(tag));
         previous
+    }
+
+    /// Makes `lane` [`current`](Self::current), and the lane lane 0 routes small frees to
+    /// once tags are in use (see `Lane::plain_from`).
+    #[inline(always)]
+    fn set_current(&self, lane: *const Lane) {
+        self.current.set(lane);
+        self.system().route_frees_to(lane);
     }
 }
 
@@ -816,8 +823,8 @@ impl ThreadCache {
 struct IdleLane(Lane);
 
 // SAFETY: nothing writes to the idle lane: the fast path only reads it (its bins are empty,
-// so it never pops), frees never go to `current`, and no walk reaches it (it is in no
-// thread's list).
+// so it never pops), a free routed to it never passes the tag test (its tag is no segment's,
+// see `free_in_routed_lane`), and no walk reaches it (it is in no thread's list).
 unsafe impl Sync for IdleLane {}
 
 static IDLE_LANE: IdleLane = IdleLane(Lane::idle());
@@ -1036,7 +1043,7 @@ pub(crate) fn charge_tls(class: usize) -> SampleCharge {
 /// A full bin, records that may hold the block, or a cache only reachable through
 /// `thread_local!`, send it to `miss(ptr, size, align, class, cache)` (see
 /// [`allocate_gated`]); once tags are in use (see [`HOOK_TAGS`]), a block of the thread's
-/// current tag goes into the current lane ([`free_in_current_lane`]) and any other to `miss`.
+/// current tag goes into the current lane ([`free_in_routed_lane`]) and any other to `miss`.
 ///
 /// # Safety
 /// `ptr` must be a live small block of `class` allocated with `layout`; `miss` must be safe
@@ -1059,12 +1066,12 @@ pub(crate) unsafe fn free_gated(
         // One compare for the hooks of a free: none, or only guarded sampling and a block
         // above the guarded area, go straight to the bin (see `Lane::plain_from`).
         let plain_from = lane.plain_from();
-        if ptr.addr() < plain_from {
+        if ptr.addr() < plain_from.addr() {
             // Tags first: a scoped program frees every block here, so its test comes before
-            // the hooks' (one compare with the word already loaded).
-            if plain_from == lane::PLAIN_NEVER_TAGS {
+            // the hooks' (one test of the word already loaded, which also gives the lane).
+            if let Some(routed) = lane::routed_lane(plain_from) {
                 // A guarded block's segment tag is no lane's: it misses here.
-                if free_in_current_lane(tc, ptr, class, layout.size()) {
+                if free_in_routed_lane(routed, ptr, class, layout.size()) {
                     return;
                 }
                 return miss(ptr, layout.size(), layout.align(), class, tc);
@@ -1106,24 +1113,26 @@ pub(crate) unsafe fn free_gated(
 }
 
 /// Where tags are in use, [`free_gated`]'s way for the common scoped free: a block of the tag
-/// the thread is in (or of tag 0 outside any scope) goes into the current lane with one look
-/// at the block's segment; `false` for anything else.
+/// the thread is in (or of tag 0 outside any scope) goes into the lane lane 0 routes frees
+/// to (the current one) with one look at the block's segment; `false` for anything else.
 ///
 /// # Safety
-/// `tc` is the calling thread's cache (not null); `ptr` is a live small block of `class` allocated for `size` bytes (or a size up to the
+/// `lane` is the route of the calling thread's lane 0 (one of its lanes, or the idle lane);
+/// `ptr` is a live small block of `class` allocated for `size` bytes (or a size up to the
 /// granted one).
 #[inline(always)]
-pub(crate) unsafe fn free_in_current_lane(
-    tc: CacheRef,
+pub(crate) unsafe fn free_in_routed_lane(
+    lane: *const Lane,
     ptr: *mut u8,
     class: usize,
     size: usize,
 ) -> bool {
-    // SAFETY: forwarded from the caller; `current` is one of this thread's lanes or the idle
-    // lane (whose tags no segment has); the block lies in a segment of `current`'s tag when
-    // the test passes.
+    // SAFETY: forwarded from the caller: the route is one of this thread's lanes (only the
+    // owner routes, to its current lane, which lives while the route does: `retire` takes
+    // the route away before it releases lanes) or the idle lane, whose tag no segment has;
+    // the block lies in a segment of the lane's tag when the test passes.
     unsafe {
-        let lane = &*(*tc).current.get();
+        let lane = &*lane;
         // One compare for both: the block is of the lane's tag, and the lane takes frees
         // without looking at records (its `free_tag` says neither otherwise).
         if segment_tag(ptr) != lane.free_tag() || !lane.push_if_room(ptr, class) {
@@ -1568,20 +1577,29 @@ fn lane0_hooks() -> u8 {
 #[cold]
 #[inline(never)]
 pub(crate) fn enable_tags() {
-    if tags_in_use() {
+    if TAGS_IN_USE.load(Acquire) {
         return;
     }
     let list = THREADS.lock();
-    TAGS_IN_USE.store(true, Relaxed);
+    if TAGS_IN_USE.load(Relaxed) {
+        // Another thread enabled them while this one waited for the lock: doing it again
+        // would route the frees of threads already in scopes back to lane 0.
+        return;
+    }
     let mut tc = list.head;
     while !tc.is_null() {
-        // SAFETY: registered caches are valid while the registry lock is held.
+        // SAFETY: registered caches are valid while the registry lock is held. No thread is
+        // in a scope yet (each first comes here, or sees the flag set below), so each
+        // cache's current lane is lane 0, where `add_hooks` routes its frees.
         unsafe {
             (*tc).system().add_hooks(HOOK_TAGS);
             tc = (*tc).next.load(Relaxed);
         }
     }
-    // A cache registering later reads the flag under the same lock (`lane0_hooks`).
+    // Last, and released: a thread that sees the flag and enters a scope routes its frees
+    // after the route set here, never before it. A cache registering later reads the flag
+    // under the same lock (`lane0_hooks`).
+    TAGS_IN_USE.store(true, Release);
 }
 
 /// Whether a lane's countdown chose the calling thread's next general-path allocation of
@@ -1614,6 +1632,15 @@ pub(crate) fn enter_scope(tag: Tag) -> (Tag, CacheRef) {
 pub(crate) unsafe fn leave_scope(tc: CacheRef, previous: Tag) {
     // SAFETY: the calling thread's own cache (caller's contract).
     unsafe { (*tc).leave(previous) };
+}
+
+/// Whether the calling thread's small frees are routed to its current lane (see
+/// `Lane::plain_from`): `None` before tags are in use or while the cache is not live.
+pub(crate) fn frees_routed_to_current() -> Option<bool> {
+    with_cache(|tc| {
+        (tags_in_use() && tc.state.get() == STATE_ACTIVE)
+            .then(|| lane::routed_lane(tc.system().plain_from()) == Some(tc.current.get()))
+    })
 }
 
 /// The tag entered on the calling thread (0: none).

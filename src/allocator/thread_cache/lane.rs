@@ -152,12 +152,33 @@ pub(super) const ASK: Tag = Tag::MAX - 1;
 
 /// The hooks a small free through lane 0 must look at (the others concern allocations).
 const FREE_HOOKS: u8 = HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD;
-/// [`Lane::plain_from`] once tags are in use: no free is plain, and every one is first
-/// offered to the current lane (`free_in_current_lane`), whatever the other hooks.
-pub(crate) const PLAIN_NEVER_TAGS: usize = usize::MAX;
 /// [`Lane::plain_from`] while records or sampling concern frees (no tags): no free is
-/// plain; the hooks say what to ask. (No guarded area ends here: the area is page aligned.)
-pub(crate) const PLAIN_NEVER: usize = usize::MAX - 1;
+/// plain; the hooks say what to ask. Above every address a block can have, with the top bit
+/// clear, so it is no route (no guarded area ends here: the area is page aligned).
+pub(crate) const PLAIN_NEVER: usize = usize::MAX >> 1;
+
+// A route is a lane's address negated: user space ends far below the top bit of a 64-bit
+// address, so a route has the top bit set (above every block: the plain test fails) and
+// nothing else does (every other `plain_from` is an address or `PLAIN_NEVER`).
+const _: () = assert!(
+    usize::BITS == 64,
+    "a free route needs addresses below the top bit (a 64-bit target)"
+);
+
+/// The [`Lane::plain_from`] that routes frees to `lane` (see [`routed_lane`]).
+#[inline(always)]
+fn route_to(lane: *const Lane) -> *mut Lane {
+    lane.cast_mut().map_addr(usize::wrapping_neg)
+}
+
+/// The lane a [`Lane::plain_from`] routes frees to, if it is a route: its address negated,
+/// so the negation that recovers the lane also tells a route by its sign (`neg`, `js` on
+/// x86-64: the test costs no more than a compare with a constant, and no load).
+#[inline(always)]
+pub(crate) fn routed_lane(plain_from: *const Lane) -> Option<*const Lane> {
+    let lane = plain_from.map_addr(usize::wrapping_neg);
+    ((lane.addr() as isize) >= 0).then_some(lane)
+}
 
 /// One size class's cached blocks.
 #[derive(Clone, Copy)]
@@ -249,7 +270,7 @@ pub(crate) struct Lane {
     pub(super) tag: AtomicU16,
     /// [`tag`](Self::tag) while the hooks let a free straight into a bin (no `HOOK_FREE`, no
     /// `HOOK_FREE_SAMPLED`), else [`ASK`]: the global allocator's scoped free compares a
-    /// block's segment tag with this one word (see `free_in_current_lane`). Written with the
+    /// block's segment tag with this one word (see `free_in_routed_lane`). Written with the
     /// hooks (see [`set_hooks`](Self::set_hooks)).
     free_tag: AtomicU16,
     /// What a free through this lane must ask (one of the `GATE_*` values), derived from the
@@ -266,10 +287,12 @@ pub(crate) struct Lane {
     /// a bin without reading the hooks (one compare, see `free_gated`): 0 while no hook
     /// concerns frees, the end of the guarded area while guarded sampling is the only one
     /// (the area lies low in the address space, so ordinary blocks are above it),
-    /// [`PLAIN_NEVER_TAGS`] once tags are in use (so the scoped free needs no look at the
-    /// hooks either) and [`PLAIN_NEVER`] otherwise. Written with the hooks (see
-    /// [`set_hooks`](Self::set_hooks)).
-    plain_from: AtomicUsize,
+    /// once tags are in use a route (see [`routed_lane`]) to the lane of the tag the thread is in
+    /// (so the scoped free needs no look at the hooks, nor at `ThreadCache::current`), and
+    /// [`PLAIN_NEVER`] otherwise. Written with the hooks (see [`set_hooks`](Self::set_hooks)),
+    /// and the route by the owner as it enters and leaves scopes (see
+    /// [`route_frees_to`](Self::route_frees_to)). A pointer for the route's provenance.
+    plain_from: AtomicPtr<Lane>,
     /// The small heap of that tag, where refills come from and overflows go (null: tag 0's).
     heap: AtomicPtr<SmallHeap>,
     /// The next lane made on demand for the same thread (see `ThreadCache::dynamic`).
@@ -319,11 +342,12 @@ impl Lane {
             free_tag: AtomicU16::new(Self::free_tag_for(hooks, tag)),
             free_gate: AtomicU8::new(Self::free_gate_for(hooks)),
             budget_in_flight: AtomicBool::new(false),
-            plain_from: AtomicUsize::new(match hooks & FREE_HOOKS {
+            // A route needs the lane's address: set by `set_hooks` (no lane is made with
+            // `HOOK_TAGS`).
+            plain_from: AtomicPtr::new(ptr::without_provenance_mut(match hooks & FREE_HOOKS {
                 0 => 0,
-                _ if hooks & HOOK_TAGS != 0 => PLAIN_NEVER_TAGS,
                 _ => PLAIN_NEVER,
-            }),
+            })),
             heap: AtomicPtr::new(null_mut()),
             next: AtomicPtr::new(null_mut()),
             requested_in: AtomicUsize::new(0),
@@ -368,20 +392,37 @@ impl Lane {
         }
     }
 
-    /// [`plain_from`](Self::plain_from) for `hooks`.
-    fn plain_from_for(hooks: u8) -> usize {
-        match hooks & FREE_HOOKS {
+    /// [`plain_from`](Self::plain_from) for `hooks`, or `None` to leave it as it is: with
+    /// [`HOOK_TAGS`] the owner keeps it routed to its current lane, and only the first
+    /// setting (before any thread can be in a scope: see `enable_tags`) routes it here.
+    fn plain_from_for(&self, hooks: u8) -> Option<*mut Lane> {
+        let address = match hooks & FREE_HOOKS {
             0 => 0,
             HOOK_GUARD => guarded::AREA.end(),
-            _ if hooks & HOOK_TAGS != 0 => PLAIN_NEVER_TAGS,
+            _ if hooks & HOOK_TAGS != 0 => {
+                return routed_lane(self.plain_from())
+                    .is_none()
+                    .then(|| route_to(self));
+            }
             _ => PLAIN_NEVER,
+        };
+        Some(ptr::without_provenance_mut(address))
+    }
+
+    /// Lane 0 of a thread in a scope or out of one: routes the global allocator's small frees
+    /// to `current`, if tags are in use (else the hooks decide as before). By the owner,
+    /// the only writer of a route (see [`plain_from_for`](Self::plain_from_for)).
+    #[inline(always)]
+    pub(super) fn route_frees_to(&self, current: *const Lane) {
+        if routed_lane(self.plain_from()).is_some() {
+            self.plain_from.store(route_to(current), Relaxed);
         }
     }
 
-    /// Lane 0: the lowest address of a block whose free needs no look at the hooks (see
-    /// the field).
+    /// Lane 0: the lowest address of a block whose free needs no look at the hooks, or a
+    /// route (see the field).
     #[inline(always)]
-    pub(super) fn plain_from(&self) -> usize {
+    pub(super) fn plain_from(&self) -> *const Lane {
         self.plain_from.load(Relaxed)
     }
 
@@ -407,7 +448,9 @@ impl Lane {
         self.free_tag
             .store(Self::free_tag_for(hooks, self.tag()), Relaxed);
         self.free_gate.store(Self::free_gate_for(hooks), Relaxed);
-        self.plain_from.store(Self::plain_from_for(hooks), Relaxed);
+        if let Some(plain_from) = self.plain_from_for(hooks) {
+            self.plain_from.store(plain_from, Relaxed);
+        }
         self.hooks.store(hooks, Relaxed);
     }
 
