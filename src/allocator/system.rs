@@ -13,7 +13,9 @@ use crate::schema::HphaStats;
 use crate::schema::hpha::Tag;
 use crate::schema::hpha::large::{LargeGrant, LargeHeap};
 use crate::schema::hpha::size_class::{class_for, class_size, fast_class, fast_class_size};
-use crate::thread_cache::{self, CacheRef, HEAP, HOOK_ALLOC, HOOK_FREE, SampleCharge};
+use crate::thread_cache::{
+    self, CacheRef, ClassKey, HEAP, HOOK_ALLOC, HOOK_FREE, SampleCharge, fast_key,
+};
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
@@ -141,8 +143,11 @@ impl SystemAllocator {
     pub(crate) fn allocate_granted(&self, layout: Layout) -> Option<Allocation> {
         if let Some(class) = fast_class(layout) {
             // Unguarded: the caller may use the whole class size it is told.
-            let ptr =
-                thread_cache::allocate_gated::<false>(class, layout, alloc_small_missed_unguarded);
+            let ptr = thread_cache::allocate_gated::<false>(
+                ClassKey::of(class),
+                layout,
+                alloc_small_missed_unguarded,
+            );
             let size = fast_class_size(class);
             return NonNull::new(ptr).map(|ptr| Allocation { ptr, size });
         }
@@ -176,7 +181,12 @@ impl SystemAllocator {
         // from, as in `dealloc`).
         unsafe {
             if let Some(class) = fast_class(layout) {
-                thread_cache::free_gated(ptr.as_ptr(), class, layout, dealloc_small_missed);
+                thread_cache::free_gated(
+                    ptr.as_ptr(),
+                    ClassKey::of(class),
+                    layout,
+                    dealloc_small_missed,
+                );
                 return fast_class_size(class);
             }
             deallocate_granted_slow(ptr, layout)
@@ -222,8 +232,8 @@ unsafe impl GlobalAlloc for SystemAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // Small requests: the thread cache's own mirror of the records settings says whether
         // to step aside, so records off cost one test of a TLS byte and no static.
-        if let Some(class) = fast_class(layout) {
-            return thread_cache::allocate_gated::<true>(class, layout, alloc_small_scoped);
+        if let Some(key) = fast_key(layout) {
+            return thread_cache::allocate_gated::<true>(key, layout, alloc_small_scoped);
         }
         alloc_large_scoped(layout)
     }
@@ -242,8 +252,8 @@ unsafe impl GlobalAlloc for SystemAllocator {
         // SAFETY: GlobalAlloc's contract: `ptr` is a live block from this allocator with
         // this layout, so it came from the same side the layout selects now.
         unsafe {
-            if let Some(class) = fast_class(layout) {
-                return thread_cache::free_gated(ptr, class, layout, dealloc_small_missed);
+            if let Some(key) = fast_key(layout) {
+                return thread_cache::free_gated(ptr, key, layout, dealloc_small_missed);
             }
             dealloc_large_scoped(ptr, layout)
         }

@@ -34,6 +34,7 @@ mod parked;
 use dynamic::{DynamicLanes, LanePool};
 pub(crate) use lane::Lane;
 use lane::{CLOSED, FAR, OPEN, bin_limit, freeing_limit};
+pub(crate) use lane::{ClassKey, fast_key};
 use parked::Parked;
 
 use super::{guarded, lanes, thread_pointer};
@@ -448,7 +449,7 @@ impl ThreadCache {
         // SAFETY: `ptr` is a live small block of `class` (caller's contract); owning thread.
         unsafe {
             if COUNTED {
-                if lane.push_if_room(ptr, class) {
+                if lane.push_if_room(ptr, ClassKey::of(class)) {
                     return;
                 }
             } else if !lane.bin_full(class) {
@@ -908,7 +909,8 @@ pub(crate) unsafe fn free(ptr: *mut u8, class: usize) {
 /// where the thread pointer cannot reach it (then only `thread_local!` can).
 pub(crate) type CacheRef = *const ThreadCache;
 
-/// The small-allocation fast path of `SystemAllocator::alloc`: pops a block of `class`.
+/// The small-allocation fast path of `SystemAllocator::alloc`: pops a block of `key`'s class
+/// (a [`ClassKey`]: no multiply to find the class's slot).
 /// Everything else — an empty bin, the class's allocation count at its
 /// [`open_until`](lane::ClassSlot::open_until) mark (records want a look: a sampled allocation, or
 /// records of every allocation), or a cache only reachable through `thread_local!` — goes to
@@ -923,14 +925,14 @@ pub(crate) type CacheRef = *const ThreadCache;
 /// blocks are never a scope's).
 #[inline(always)]
 pub(crate) fn allocate_gated<const SCOPED: bool>(
-    class: usize,
+    key: ClassKey,
     layout: Layout,
     miss: fn(usize, usize, usize) -> *mut u8,
 ) -> *mut u8 {
     if let Some(addr) = thread_pointer::cache_address() {
         let tc = addr as CacheRef;
         // SAFETY: `tc` is this thread's cache (see `thread_pointer`), which lives as long as
-        // the thread, and `current` one of its lanes (or the idle lane); `class` comes from
+        // the thread, and `current` one of its lanes (or the idle lane); `key` comes from
         // the class table.
         unsafe {
             let lane = if SCOPED {
@@ -938,7 +940,7 @@ pub(crate) fn allocate_gated<const SCOPED: bool>(
             } else {
                 (*tc).system()
             };
-            let p = lane.allocate_open(class);
+            let p = lane.allocate_open(key);
             if !p.is_null() {
                 if SCOPED {
                     // Counted in lane 0 too, where nobody reads it: cheaper than a branch.
@@ -948,7 +950,7 @@ pub(crate) fn allocate_gated<const SCOPED: bool>(
             }
         }
     }
-    miss(layout.size(), layout.align(), class)
+    miss(layout.size(), layout.align(), key.class())
 }
 
 /// The calling thread's cache as [`allocate_gated`]'s fast path found it, for its miss:
@@ -1028,7 +1030,7 @@ pub(crate) unsafe fn pop_any(tc: CacheRef, class: usize) -> *mut u8 {
 #[inline(always)]
 pub(crate) unsafe fn push_any(tc: CacheRef, ptr: *mut u8, class: usize) -> bool {
     // SAFETY: forwarded from the caller.
-    unsafe { (*tc).system().push_if_room(ptr, class) }
+    unsafe { (*tc).system().push_if_room(ptr, ClassKey::of(class)) }
 }
 
 /// [`charge`] through `thread_local!`: [`SampleCharge::General`] for a cache that is not
@@ -1046,12 +1048,12 @@ pub(crate) fn charge_tls(class: usize) -> SampleCharge {
 /// current tag goes into the current lane ([`free_in_routed_lane`]) and any other to `miss`.
 ///
 /// # Safety
-/// `ptr` must be a live small block of `class` allocated with `layout`; `miss` must be safe
-/// to call with them.
+/// `ptr` must be a live small block of `key`'s class allocated with `layout`; `miss` must be
+/// safe to call with them (and the class).
 #[inline(always)]
 pub(crate) unsafe fn free_gated(
     ptr: *mut u8,
-    class: usize,
+    key: ClassKey,
     layout: Layout,
     miss: unsafe fn(*mut u8, usize, usize, usize, CacheRef),
 ) {
@@ -1059,7 +1061,7 @@ pub(crate) unsafe fn free_gated(
     // from the caller.
     unsafe {
         let Some(addr) = thread_pointer::cache_address() else {
-            return miss(ptr, layout.size(), layout.align(), class, ptr::null());
+            return miss(ptr, layout.size(), layout.align(), key.class(), ptr::null());
         };
         let tc = addr as CacheRef;
         let lane = (*tc).system();
@@ -1071,20 +1073,20 @@ pub(crate) unsafe fn free_gated(
             // the hooks' (one test of the word already loaded, which also gives the lane).
             if let Some(routed) = lane::routed_lane(plain_from) {
                 // A guarded block's segment tag is no lane's: it misses here.
-                if free_in_routed_lane(routed, ptr, class, layout.size()) {
+                if free_in_routed_lane(routed, ptr, key, layout.size()) {
                     return;
                 }
-                return miss(ptr, layout.size(), layout.align(), class, tc);
+                return miss(ptr, layout.size(), layout.align(), key.class(), tc);
             }
             let hooks = lane.hooks.load(Relaxed);
             if hooks & (HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_GUARD) == HOOK_FREE_SAMPLED {
                 // The `SystemAllocator` samples, and nothing else: one look at the sample
                 // filter, then the straight line.
                 if records::global::maybe_sampled(ptr) {
-                    return miss(ptr, layout.size(), layout.align(), class, tc);
+                    return miss(ptr, layout.size(), layout.align(), key.class(), tc);
                 }
-                if !lane.push_if_room(ptr, class) {
-                    miss(ptr, layout.size(), layout.align(), class, tc);
+                if !lane.push_if_room(ptr, key) {
+                    miss(ptr, layout.size(), layout.align(), key.class(), tc);
                 }
                 return;
             }
@@ -1092,8 +1094,8 @@ pub(crate) unsafe fn free_gated(
                 // Guarded sampling without records of frees, and a block below the guarded
                 // area's end: a guarded one, or one of a segment the kernel placed below
                 // the area.
-                if guarded::AREA.contains(ptr.addr()) || !lane.push_if_room(ptr, class) {
-                    miss(ptr, layout.size(), layout.align(), class, tc);
+                if guarded::AREA.contains(ptr.addr()) || !lane.push_if_room(ptr, key) {
+                    miss(ptr, layout.size(), layout.align(), key.class(), tc);
                 }
                 return;
             }
@@ -1103,11 +1105,11 @@ pub(crate) unsafe fn free_gated(
                 || (hooks & HOOK_GUARD != 0 && guarded::AREA.contains(ptr.addr()))
                 || (hooks & HOOK_FREE_SAMPLED != 0 && records::global::maybe_sampled(ptr))
             {
-                return miss(ptr, layout.size(), layout.align(), class, tc);
+                return miss(ptr, layout.size(), layout.align(), key.class(), tc);
             }
         }
-        if !lane.push_if_room(ptr, class) {
-            miss(ptr, layout.size(), layout.align(), class, tc);
+        if !lane.push_if_room(ptr, key) {
+            miss(ptr, layout.size(), layout.align(), key.class(), tc);
         }
     }
 }
@@ -1118,13 +1120,13 @@ pub(crate) unsafe fn free_gated(
 ///
 /// # Safety
 /// `lane` is the route of the calling thread's lane 0 (one of its lanes, or the idle lane);
-/// `ptr` is a live small block of `class` allocated for `size` bytes (or a size up to the
-/// granted one).
+/// `ptr` is a live small block of `key`'s class allocated for `size` bytes (or a size up to
+/// the granted one).
 #[inline(always)]
 pub(crate) unsafe fn free_in_routed_lane(
     lane: *const Lane,
     ptr: *mut u8,
-    class: usize,
+    key: ClassKey,
     size: usize,
 ) -> bool {
     // SAFETY: forwarded from the caller: the route is one of this thread's lanes (only the
@@ -1135,7 +1137,7 @@ pub(crate) unsafe fn free_in_routed_lane(
         let lane = &*lane;
         // One compare for both: the block is of the lane's tag, and the lane takes frees
         // without looking at records (its `free_tag` says neither otherwise).
-        if segment_tag(ptr) != lane.free_tag() || !lane.push_if_room(ptr, class) {
+        if segment_tag(ptr) != lane.free_tag() || !lane.push_if_room(ptr, key) {
             return false;
         }
         lane.sub_requested_fast(size);
@@ -1248,7 +1250,7 @@ pub(crate) unsafe fn lane_allocate(
         let Some(lane) = lane_of_thread(lane) else {
             return null_mut();
         };
-        let p = lane.allocate_open(class);
+        let p = lane.allocate_open(ClassKey::of(class));
         if requested && !p.is_null() {
             lane.add_requested(size);
         }

@@ -12,9 +12,12 @@ use super::{HEAP, HOOK_FREE, HOOK_FREE_SAMPLED, HOOK_GUARD, HOOK_TAGS, cold_path
 use crate::allocator::guarded;
 use crate::records;
 use crate::schema::hpha::Tag;
-use crate::schema::hpha::size_class::{CLASS_COUNT, CLASS_SIZES, class_size};
+use crate::schema::hpha::size_class::{
+    CLASS_BY_UNITS, CLASS_COUNT, CLASS_SIZES, MAX_SMALL, class_size,
+};
 use crate::schema::hpha::small::{FreeSlot, SmallHeap, check_free, mark_allocated};
 use crate::stats::ShardSum;
+use core::alloc::Layout;
 use core::cell::UnsafeCell;
 use core::ptr::{self, null_mut};
 use core::sync::atomic::{
@@ -178,6 +181,52 @@ fn route_to(lane: *const Lane) -> *mut Lane {
 pub(crate) fn routed_lane(plain_from: *const Lane) -> Option<*const Lane> {
     let lane = plain_from.map_addr(usize::wrapping_neg);
     ((lane.addr() as isize) >= 0).then_some(lane)
+}
+
+/// A size class as the global allocator's fast paths index a lane: the class times the
+/// length of a [`ClassSlot`] in words, so that a slot's address is the lane's plus the key
+/// scaled by 8 (one addressing mode), where a class needs a multiply first (an instruction
+/// on each of the pair's two fast paths). The class itself is recovered only off them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct ClassKey(usize);
+
+impl ClassKey {
+    const WORDS: usize = size_of::<ClassSlot>() / 8;
+
+    /// The key of `class`.
+    #[inline(always)]
+    pub(crate) const fn of(class: usize) -> Self {
+        Self(class * Self::WORDS)
+    }
+
+    /// The class of this key.
+    #[inline(always)]
+    pub(crate) const fn class(self) -> usize {
+        self.0 / Self::WORDS
+    }
+}
+
+const _: () = assert!(size_of::<ClassSlot>() % 8 == 0 && align_of::<ClassSlot>() == 8);
+
+/// [`ClassKey`] of every size in 8-byte units, as [`CLASS_BY_UNITS`] gives its class (a
+/// `const` reference for the same reason: a compile-time layout's key folds to a constant).
+const KEY_BY_UNITS: &[u16; MAX_SMALL / 8 + 1] = &{
+    let mut table = [0u16; MAX_SMALL / 8 + 1];
+    let mut units = 0;
+    while units <= MAX_SMALL / 8 {
+        table[units] = ClassKey::of(CLASS_BY_UNITS[units] as usize).0 as u16;
+        units += 1;
+    }
+    table
+};
+const _: () = assert!(ClassKey::of(CLASS_COUNT).0 <= u16::MAX as usize);
+
+/// `fast_class` (see `size_class`) as a [`ClassKey`]: the same rounding and bounds, the key
+/// looked up in place of the class.
+#[inline(always)]
+pub(crate) fn fast_key(layout: Layout) -> Option<ClassKey> {
+    let last = layout.size().wrapping_sub(1) | (layout.align() - 1);
+    (last < MAX_SMALL).then(|| ClassKey(KEY_BY_UNITS[(last >> 3) + 1] as usize))
 }
 
 /// One size class's cached blocks.
@@ -485,6 +534,24 @@ impl Lane {
         unsafe { &*heap }
     }
 
+    /// The class slot of `key`.
+    ///
+    /// # Safety
+    /// `key` is the key of a class (`< CLASS_COUNT`).
+    #[inline(always)]
+    unsafe fn slot_at(&self, key: ClassKey) -> &ClassSlot {
+        // SAFETY: the key of a class below `CLASS_COUNT` is that class's slot's offset in
+        // words (`ClassKey::of`), so this is `&self.slots[class]`.
+        unsafe {
+            &*self
+                .slots
+                .as_ptr()
+                .cast::<u64>()
+                .add(key.0)
+                .cast::<ClassSlot>()
+        }
+    }
+
     /// The bin of `class`.
     ///
     /// # Safety
@@ -598,16 +665,16 @@ impl Lane {
         }
     }
 
-    /// Pops a block of `class` if the bin has one and the class's allocation count is below
-    /// its [`open_until`](ClassSlot::open_until) mark; null otherwise.
+    /// Pops a block of `key`'s class if the bin has one and the class's allocation count is
+    /// below its [`open_until`](ClassSlot::open_until) mark; null otherwise.
     ///
     /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`.
+    /// Owning thread; `key` is the key of a class (`< CLASS_COUNT`).
     #[inline(always)]
-    pub(super) unsafe fn allocate_open(&self, class: usize) -> *mut u8 {
+    pub(super) unsafe fn allocate_open(&self, key: ClassKey) -> *mut u8 {
         // SAFETY: forwarded from the caller.
         unsafe {
-            let class_slot = self.slots.get_unchecked(class);
+            let class_slot = self.slot_at(key);
             let bin = &mut *class_slot.bin.get();
             let slot = bin.head;
             let count = class_slot.allocations.load(Relaxed);
@@ -696,19 +763,19 @@ impl Lane {
     /// `churn` ran about 6% faster).
     ///
     /// # Safety
-    /// Owning thread; `class < CLASS_COUNT`; `ptr` is a live small block of `class` in a
-    /// segment of this lane's tag.
+    /// Owning thread; `key` is the key of a class (`< CLASS_COUNT`); `ptr` is a live small
+    /// block of that class in a segment of this lane's tag.
     #[inline(always)]
-    pub(super) unsafe fn push_if_room(&self, ptr: *mut u8, class: usize) -> bool {
+    pub(super) unsafe fn push_if_room(&self, ptr: *mut u8, key: ClassKey) -> bool {
         // SAFETY: forwarded from the caller.
         unsafe {
-            let slot = self.slots.get_unchecked(class);
+            let slot = self.slot_at(key);
             let frees = slot.frees.load(Relaxed);
             let bin = &mut *slot.bin.get();
             if full_with(slot, bin, frees) {
                 return false;
             }
-            check_free(ptr, class);
+            check_free(ptr, key.class());
             let free: *mut FreeSlot = ptr.cast();
             (*free).next = bin.head;
             bin.head = free;
@@ -744,7 +811,7 @@ impl Lane {
             } else if gate == GATE_SAMPLED && records::global::maybe_sampled(ptr) {
                 return false;
             }
-            self.push_if_room(ptr, class)
+            self.push_if_room(ptr, ClassKey::of(class))
         }
     }
 
@@ -1042,4 +1109,33 @@ fn prefetch_head(next: *mut FreeSlot) {
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     let _ = next;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ClassKey, fast_key};
+    use crate::schema::hpha::size_class::{CLASS_COUNT, fast_class};
+    use core::alloc::Layout;
+
+    /// The key of every layout is its class's (so the fast paths index the slot the class
+    /// would), and the class comes back from the key: exhaustive over small sizes and every
+    /// alignment up to a page, plus the edges past them.
+    #[test]
+    fn fast_key_is_the_key_of_fast_class() {
+        for align_log in 0..=13 {
+            let align = 1usize << align_log;
+            for size in 1..=4200 {
+                let layout = Layout::from_size_align(size, align).unwrap();
+                let class = fast_class(layout);
+                assert_eq!(fast_key(layout), class.map(ClassKey::of), "{layout:?}");
+                if let Some(class) = class {
+                    assert_eq!(ClassKey::of(class).class(), class);
+                }
+            }
+        }
+        for class in 0..CLASS_COUNT {
+            assert_eq!(ClassKey::of(class).class(), class);
+        }
+        assert_eq!(fast_key(Layout::from_size_align(0, 8).unwrap()), None);
+    }
 }
