@@ -185,6 +185,8 @@ pub(crate) struct ThreadCache {
     /// The lane the global allocator's small fast path takes blocks from: lane 0, or the
     /// lane of the scoped tag entered on this thread once it is set up here (until then, and
     /// before the cache registers, a lane that serves nothing, so the fast path misses).
+    /// Once tags are in use, lane 0's `plain_from` routes frees to the same lane (see
+    /// [`set_current`](Self::set_current), the one place that changes either).
     current: Cell<*const Lane>,
     /// The scoped tag entered on this thread (0: none; see `crate::scope`).
     current_tag: Cell<Tag>,
