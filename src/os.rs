@@ -565,39 +565,74 @@ impl OsAllocator {
         let target = reserved.wrapping_add(offset);
         // The move keeps the size and the growth is in place after it, in two calls, because
         // valgrind's memcheck takes the part a single moving-and-growing `mremap` adds for
-        // inaccessible memory (every write to it then reads as an error).
-        // SAFETY: `target .. target + new_len` is the rest of the reservation, ours, which
-        // MREMAP_FIXED replaces; the old mapping is intact if this fails.
-        let moved = unsafe {
-            libc::mremap(
-                ptr.cast(),
-                old_len,
-                old_len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                target.cast::<libc::c_void>(),
-            )
+        // inaccessible memory (every write to it then reads as an error). The move leaves
+        // the old range mapped (empty) where the kernel can (MREMAP_DONTUNMAP, Linux 5.7), so
+        // that if the growth then fails (the commit limit refuses it) the mapping can go
+        // back: no other thread can have mapped into its old range meanwhile.
+        let move_to_target = |flags: libc::c_int| {
+            // SAFETY: `target .. target + new_len` is the rest of the reservation, ours,
+            // which MREMAP_FIXED replaces; the old mapping is intact if this fails.
+            unsafe {
+                libc::mremap(
+                    ptr.cast(),
+                    old_len,
+                    old_len,
+                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | flags,
+                    target.cast::<libc::c_void>(),
+                )
+            }
         };
+        let mut moved = move_to_target(libc::MREMAP_DONTUNMAP);
+        let held = moved != libc::MAP_FAILED;
+        if !held {
+            // An older kernel, or a mapping it will not leave behind: moved outright.
+            moved = move_to_target(0);
+        }
         if moved == libc::MAP_FAILED {
             Self::raw_unmap(target, new_len);
             return moved_anywhere();
         }
+        // The old range, left mapped by MREMAP_DONTUNMAP, once the mapping has grown.
+        let release_old = |p: *mut libc::c_void| {
+            if held {
+                Self::raw_unmap(ptr, old_len);
+            }
+            p
+        };
         // The reservation after the moved mapping: where it grows.
         Self::raw_unmap(target.wrapping_add(old_len), new_len - old_len);
         // SAFETY: `moved` is the live mapping of `old_len` bytes; in place or failing
         // untouched.
         let p = unsafe { libc::mremap(moved, old_len, new_len, 0) };
         if p != libc::MAP_FAILED {
-            return p;
+            return release_old(p);
         }
         // Another thread mapped into the space just freed: anywhere, then.
         // SAFETY: as above; MREMAP_MAYMOVE keeps the mapping intact on failure.
         let p = unsafe { libc::mremap(moved, old_len, new_len, libc::MREMAP_MAYMOVE) };
         if p != libc::MAP_FAILED {
-            return p;
+            return release_old(p);
         }
-        // Out of address space: a failed remap leaves the mapping where the caller has it,
-        // so it goes back, onto its old range claimed first (MAP_FIXED_NOREPLACE fails, or
-        // on kernels before 4.17 places it elsewhere, where another thread took the range).
+        // Out of memory or address space: a failed remap leaves the mapping where the caller
+        // has it, so it goes back. Onto the old range still held, replacing it:
+        if held {
+            // SAFETY: `moved` is live with `old_len` bytes; the range at `ptr` is the empty
+            // mapping MREMAP_DONTUNMAP left, ours, which MREMAP_FIXED replaces.
+            let back = unsafe {
+                libc::mremap(
+                    moved,
+                    old_len,
+                    old_len,
+                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                    ptr.cast::<libc::c_void>(),
+                )
+            };
+            if back == ptr.cast() {
+                return libc::MAP_FAILED;
+            }
+        }
+        // Else onto the old range claimed first (MAP_FIXED_NOREPLACE fails, or on kernels
+        // before 4.17 places it elsewhere, where another thread took the range).
         // SAFETY: an inaccessible anonymous mapping at `ptr` only if that range is free.
         let claim = unsafe {
             libc::mmap(
