@@ -614,10 +614,10 @@ impl OsAllocator {
             return release_old(p);
         }
         // Out of memory or address space: a failed remap leaves the mapping where the caller
-        // has it, so it goes back. Onto the old range still held, replacing it:
-        if held {
-            // SAFETY: `moved` is live with `old_len` bytes; the range at `ptr` is the empty
-            // mapping MREMAP_DONTUNMAP left, ours, which MREMAP_FIXED replaces.
+        // has it, so it goes back onto `ptr`, a range of ours that MREMAP_FIXED replaces.
+        let back_onto_old_range = || {
+            // SAFETY: `moved` is live with `old_len` bytes; the caller of this closure holds
+            // the range at `ptr` (see each call).
             let back = unsafe {
                 libc::mremap(
                     moved,
@@ -627,12 +627,14 @@ impl OsAllocator {
                     ptr.cast::<libc::c_void>(),
                 )
             };
-            if back == ptr.cast() {
-                return libc::MAP_FAILED;
-            }
+            back == ptr.cast()
+        };
+        // Held: the empty mapping MREMAP_DONTUNMAP left there.
+        if held && back_onto_old_range() {
+            return libc::MAP_FAILED;
         }
-        // Else onto the old range claimed first (MAP_FIXED_NOREPLACE fails, or on kernels
-        // before 4.17 places it elsewhere, where another thread took the range).
+        // Else claimed first (MAP_FIXED_NOREPLACE fails, or on kernels before 4.17 places it
+        // elsewhere, where another thread took the range).
         // SAFETY: an inaccessible anonymous mapping at `ptr` only if that range is free.
         let claim = unsafe {
             libc::mmap(
@@ -644,21 +646,8 @@ impl OsAllocator {
                 0,
             )
         };
-        if claim == ptr.cast() {
-            // SAFETY: `moved` is live with `old_len` bytes; the claim at `ptr` is ours and
-            // MREMAP_FIXED replaces it.
-            let back = unsafe {
-                libc::mremap(
-                    moved,
-                    old_len,
-                    old_len,
-                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                    claim,
-                )
-            };
-            if back == claim {
-                return libc::MAP_FAILED;
-            }
+        if claim == ptr.cast() && back_onto_old_range() {
+            return libc::MAP_FAILED;
         }
         crate::fatal::fatal!(
             "out of address space while growing the mapping at {ptr:p} ({old_len} -> \
