@@ -13,7 +13,7 @@ use crate::allocator::guarded;
 use crate::records;
 use crate::schema::hpha::Tag;
 use crate::schema::hpha::size_class::{
-    CLASS_BY_UNITS, CLASS_COUNT, CLASS_SIZES, MAX_SMALL, class_size,
+    CLASS_BY_UNITS, CLASS_COUNT, CLASS_SIZES, MAX_SMALL, class_size, fast_units,
 };
 use crate::schema::hpha::small::{FreeSlot, SmallHeap, check_free, mark_allocated};
 use crate::stats::ShardSum;
@@ -221,12 +221,11 @@ const KEY_BY_UNITS: &[u16; MAX_SMALL / 8 + 1] = &{
 };
 const _: () = assert!(ClassKey::of(CLASS_COUNT).0 <= u16::MAX as usize);
 
-/// `fast_class` (see `size_class`) as a [`ClassKey`]: the same rounding and bounds, the key
-/// looked up in place of the class.
+/// `fast_class` (see `size_class`) as a [`ClassKey`]: the same row, the key looked up in
+/// place of the class.
 #[inline(always)]
 pub(crate) fn fast_key(layout: Layout) -> Option<ClassKey> {
-    let last = layout.size().wrapping_sub(1) | (layout.align() - 1);
-    (last < MAX_SMALL).then(|| ClassKey(KEY_BY_UNITS[(last >> 3) + 1] as usize))
+    fast_units(layout).map(|units| ClassKey(KEY_BY_UNITS[units] as usize))
 }
 
 /// One size class's cached blocks.

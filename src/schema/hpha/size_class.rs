@@ -91,11 +91,19 @@ const _: () = assert!(CLASS_COUNT <= u8::MAX as usize);
 /// class its alignment needs.
 #[inline(always)]
 pub(crate) fn fast_class(layout: Layout) -> Option<usize> {
+    fast_units(layout).map(|units| CLASS_BY_UNITS[units] as usize)
+}
+
+/// The row of the by-units tables ([`CLASS_BY_UNITS`], and the thread caches' table of
+/// class keys) for a layout on the fast paths, or `None` for the general path: see
+/// [`fast_class`].
+#[inline(always)]
+pub(crate) fn fast_units(layout: Layout) -> Option<usize> {
     // The size rounded up to the alignment, minus one: for a power-of-two alignment and a
     // non-zero size, `(size - 1) | (align - 1)`. A zero size wraps to `usize::MAX`, so one
     // compare says both "small" and "not zero".
     let last = layout.size().wrapping_sub(1) | (layout.align() - 1);
-    (last < MAX_SMALL).then(|| CLASS_BY_UNITS[(last >> 3) + 1] as usize)
+    (last < MAX_SMALL).then(|| (last >> 3) + 1)
 }
 
 /// The granted size of a class from [`fast_class`]: one load, no bounds check.
