@@ -38,6 +38,7 @@ tagalloc::allocator!(Other: child of SystemAllocator, "a handle used in a scope"
 tagalloc::allocator!(Late: child of SystemAllocator, "freed after the thread's cache retired");
 tagalloc::allocator!(Changing: child of SystemAllocator, "settings changed while in use");
 tagalloc::allocator!(Handed: child of SystemAllocator, "freed first by a new thread");
+tagalloc::allocator!(RecordedLater: child of SystemAllocator, "records switched on mid-scope");
 
 /// Live blocks, granted and requested bytes of a snapshot.
 fn live(st: &AllocatorStats) -> (usize, usize, Option<usize>) {
@@ -559,6 +560,40 @@ fn a_tag_in_use_while_its_records_and_budget_change_stays_exact() {
     assert_eq!(live(&end), live(&start));
     assert_eq!(end.allocations - start.allocations, end.frees - start.frees);
     assert_eq!(end.budget_failures, 0);
+}
+
+/// A thread in a tag whose records another thread switches on while it stays inside: the
+/// free route the thread set as it entered (with the tag's blocks going straight into its
+/// lane) is brought up to date by the switch, so each recorded block's free removes its
+/// record. Before that, these frees went into the lane past the records.
+#[test]
+fn records_switched_on_while_a_thread_is_in_the_tag_see_its_frees() {
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let worker = std::thread::spawn(move || {
+        let _tag = RecordedLater.enter();
+        // The lane is set up and the route taken: these go straight into the lane.
+        for round in 0..100 {
+            drop(black_box(vec![round as u8; 24]));
+        }
+        ready_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        for round in 0..1000 {
+            drop(black_box(vec![round as u8; 8 + round % 200]));
+        }
+    });
+    ready_rx.recv().unwrap();
+    RecordedLater.set_records(tagalloc::RecordMode::Basic);
+    go_tx.send(()).unwrap();
+    worker.join().unwrap();
+    let stats = RecordedLater.stats();
+    let totals = tagalloc::records::live_totals(RecordedLater::registration());
+    RecordedLater.set_records(tagalloc::RecordMode::Off);
+    assert!(stats.allocations >= 1100, "{stats:?}");
+    assert_eq!(
+        totals.records, 0,
+        "records left behind by freed blocks: {totals:?}"
+    );
 }
 
 #[test]

@@ -816,7 +816,8 @@ impl ThreadCache {
     #[inline(always)]
     fn set_current(&self, lane: *const Lane) {
         self.current.set(lane);
-        self.system().route_frees_to(lane);
+        // SAFETY: `lane` is one of this cache's lanes or the idle lane (every caller's).
+        self.system().route_frees_to(unsafe { &*lane });
     }
 }
 
@@ -849,6 +850,11 @@ fn set_limits(lane: &Lane) {
 fn set_lane_gate(lane: &Lane, hooks: u8) {
     lane.set_hooks(hooks);
     fence(SeqCst);
+    set_lane_marks(lane, hooks);
+}
+
+/// The second half of [`set_lane_gate`]: every class's mark for `hooks`, after the hooks.
+fn set_lane_marks(lane: &Lane, hooks: u8) {
     let until = if lanes::serves(hooks) {
         ThreadCache::initial_open_until(hooks)
     } else {
@@ -1077,9 +1083,9 @@ pub(crate) unsafe fn free_gated(
             cold_path();
             // Tags first: a scoped program frees every block here, so its test comes before
             // the hooks' (one test of the word already loaded, which also gives the lane).
-            if let Some(routed) = lane::routed_lane(plain_from) {
+            if let Some((routed, tag)) = lane::routed_lane(plain_from) {
                 // A guarded block's segment tag is no lane's: it misses here.
-                if free_in_routed_lane(routed, ptr, key, layout.size()) {
+                if free_in_routed_lane(routed, tag, ptr, key, layout.size()) {
                     return;
                 }
                 return miss(ptr, layout.size(), layout.align(), key.class(), tc);
@@ -1125,25 +1131,30 @@ pub(crate) unsafe fn free_gated(
 /// to (the current one) with one look at the block's segment; `false` for anything else.
 ///
 /// # Safety
-/// `lane` is the route of the calling thread's lane 0 (one of its lanes, or the idle lane);
-/// `ptr` is a live small block of `key`'s class allocated for `size` bytes (or a size up to
-/// the granted one).
+/// `lane` and `tag` are the route of the calling thread's lane 0 (one of its lanes, or the
+/// idle lane, and the lane's free tag); `ptr` is a live small block of `key`'s class
+/// allocated for `size` bytes (or a size up to the granted one).
 #[inline(always)]
 pub(crate) unsafe fn free_in_routed_lane(
     lane: *const Lane,
+    tag: Tag,
     ptr: *mut u8,
     key: ClassKey,
     size: usize,
 ) -> bool {
     // SAFETY: forwarded from the caller: the route is one of this thread's lanes (only the
-    // owner routes, to its current lane, which lives while the route does: `retire` takes
-    // the route away before it releases lanes) or the idle lane, whose tag no segment has;
-    // the block lies in a segment of the lane's tag when the test passes.
+    // owner routes to a lane, its current one, which lives while the route does: `retire`
+    // takes the route away before it releases lanes) or the idle lane, whose tag no segment
+    // has; the block lies in a segment of the lane's tag when the test passes.
     unsafe {
-        let lane = &*lane;
         // One compare for both: the block is of the lane's tag, and the lane takes frees
-        // without looking at records (its `free_tag` says neither otherwise).
-        if segment_tag(ptr) != lane.free_tag() || !lane.push_if_room(ptr, key) {
+        // without looking at records (the route's tag, the lane's `free_tag`, says neither
+        // otherwise).
+        if segment_tag(ptr) != tag {
+            return false;
+        }
+        let lane = &*lane;
+        if !lane.push_if_room(ptr, key) {
             return false;
         }
         lane.sub_requested_fast(size);
@@ -1588,6 +1599,10 @@ pub(crate) fn enable_tags() {
     if TAGS_IN_USE.load(Acquire) {
         return;
     }
+    // Before any route exists: an owner storing a route then needs only a compiler fence
+    // where `membarrier` works (see `Lane::route_frees_to`). Probing can take milliseconds,
+    // once, here at the first scope rather than under the lock.
+    crate::sync::prepare_process_barrier();
     let list = THREADS.lock();
     if TAGS_IN_USE.load(Relaxed) {
         // Another thread enabled them while this one waited for the lock: doing it again
@@ -1646,8 +1661,10 @@ pub(crate) unsafe fn leave_scope(tc: CacheRef, previous: Tag) {
 /// `Lane::plain_from`): `None` before tags are in use or while the cache is not live.
 pub(crate) fn frees_routed_to_current() -> Option<bool> {
     with_cache(|tc| {
-        (tags_in_use() && tc.state.get() == STATE_ACTIVE)
-            .then(|| lane::routed_lane(tc.system().plain_from()) == Some(tc.current.get()))
+        (tags_in_use() && tc.state.get() == STATE_ACTIVE).then(|| {
+            lane::routed_lane(tc.system().plain_from())
+                .is_some_and(|(lane, _)| lane == tc.current.get())
+        })
     })
 }
 
@@ -2111,13 +2128,17 @@ pub(crate) enum SampleCharge {
 pub(crate) fn system_records_changed() {
     let list = THREADS.lock();
     let hooks = lane0_hooks();
+    let mut free_tags_changed = false;
     let mut tc = list.head;
     while !tc.is_null() {
         // SAFETY: registered caches are valid while the registry lock is held.
         unsafe {
-            (*tc).system().set_hooks(hooks);
+            free_tags_changed |= (*tc).system().set_hooks(hooks);
             tc = (*tc).next.load(Relaxed);
         }
+    }
+    if free_tags_changed {
+        refresh_routes(&list);
     }
     // Then close every class's fast path, so that each owner looks at its hooks at its next
     // allocation (see `ThreadCache::set_open_until` for why the fence).
@@ -2136,6 +2157,27 @@ pub(crate) fn system_records_changed() {
     // Records on the `SystemAllocator` see every block, the children's too: their lanes
     // close while it has any.
     lanes::refresh();
+}
+
+/// After lanes' free tags changed (under the registry lock `list`, by a thread that may not
+/// own them): every thread's free route takes its lane's new tag (see
+/// `Lane::route_frees_to`), before the changer opens records to allocations, so that no free
+/// of a recorded block is routed past the records. Nothing to do before tags are in use.
+fn refresh_routes(list: &ThreadList) {
+    if !TAGS_IN_USE.load(Relaxed) {
+        return;
+    }
+    // Prepared by `enable_tags`: this only reads the state.
+    crate::sync::prepare_process_barrier();
+    crate::sync::process_barrier();
+    let mut tc = list.head;
+    while !tc.is_null() {
+        // SAFETY: registered caches are valid while the registry lock is held.
+        unsafe {
+            (*tc).system().refresh_route();
+            tc = (*tc).next.load(Relaxed);
+        }
+    }
 }
 
 /// Live small blocks per class and call totals over all threads. Exact when no thread is
@@ -2278,12 +2320,29 @@ impl LockedThreads {
     /// Writes the child lanes' gates, as `lanes` last computed them, into every registered
     /// thread's cache.
     pub(crate) fn apply_lane_gates(&self) {
+        // The hooks (and free tags) of every lane first, then the routes, then the marks
+        // that let allocations in (see `set_lane_gate`).
+        let mut free_tags_changed = false;
         let mut tc = self.0.head;
         while !tc.is_null() {
             // SAFETY: registered caches are valid while the registry lock is held.
             unsafe {
                 for (tag, lane) in (*tc).used_lanes().skip(1) {
-                    set_lane_gate(lane, lanes::gate(tag));
+                    free_tags_changed |= lane.set_hooks(lanes::gate(tag));
+                }
+                tc = (*tc).next.load(Relaxed);
+            }
+        }
+        if free_tags_changed {
+            refresh_routes(&self.0);
+        }
+        fence(SeqCst);
+        let mut tc = self.0.head;
+        while !tc.is_null() {
+            // SAFETY: as above.
+            unsafe {
+                for (tag, lane) in (*tc).used_lanes().skip(1) {
+                    set_lane_marks(lane, lanes::gate(tag));
                 }
                 tc = (*tc).next.load(Relaxed);
             }

@@ -160,27 +160,65 @@ const FREE_HOOKS: u8 = HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD;
 /// clear, so it is no route (no guarded area ends here: the area is page aligned).
 pub(crate) const PLAIN_NEVER: usize = usize::MAX >> 1;
 
-// A route is a lane's address negated: user space ends far below the top bit of a 64-bit
-// address, so a route has the top bit set (above every block: the plain test fails) and
-// nothing else does (every other `plain_from` is an address or `PLAIN_NEVER`).
+// A route is a lane's address with the tag its frees want above it, negated: user space
+// ends far below the top bit of a 64-bit address, so a route has the top bit set (above
+// every block: the plain test fails) and nothing else does (every other `plain_from` is an
+// address or `PLAIN_NEVER`).
 const _: () = assert!(
     usize::BITS == 64,
     "a free route needs addresses below the top bit (a 64-bit target)"
 );
 
-/// The [`Lane::plain_from`] that routes frees to `lane` (see [`routed_lane`]).
+/// Bits of a lane's address in a route: user space on x86-64 (4-level paging, or 5-level
+/// without an address hint above 2^47) and on 48-bit aarch64 lies below 2^48. The tag field
+/// takes the 15 bits above, up to the sign bit.
+const ROUTE_ADDRESS_BITS: u32 = 48;
+const ROUTE_ADDRESS_MASK: usize = (1 << ROUTE_ADDRESS_BITS) - 1;
+/// The tag field of a route: 15 bits. Every real tag fits (below `MAX_TAGS`), [`ASK`] and
+/// the idle lane's `Tag::MAX` keep distinct values (0x7ffe, 0x7fff) that no segment has,
+/// and a guarded segment's tag (0xfffd) is above every field.
+const ROUTE_TAG_MASK: usize = (1 << (63 - ROUTE_ADDRESS_BITS)) - 1;
+const _: () = assert!(crate::schema::hpha::MAX_TAGS <= (ASK as usize & ROUTE_TAG_MASK));
+
+/// The [`Lane::plain_from`] that routes frees to `lane`, with the tag a block must have to
+/// go into it (its [`free_tag`](Lane::free_tag) as of now; see [`routed_lane`]).
 #[inline(always)]
-fn route_to(lane: *const Lane) -> *mut Lane {
-    lane.cast_mut().map_addr(usize::wrapping_neg)
+fn route_to(lane: &Lane) -> *mut Lane {
+    let address = ptr::from_ref(lane).addr();
+    if address > ROUTE_ADDRESS_MASK {
+        route_out_of_reach(address);
+    }
+    let field = usize::from(lane.free_tag()) & ROUTE_TAG_MASK;
+    // The route word has no provenance of its own: [`routed_lane`] takes the lane's back
+    // from this exposure (one instruction fewer than deriving it from the word).
+    ptr::from_ref(lane).expose_provenance();
+    ptr::without_provenance_mut((address | field << ROUTE_ADDRESS_BITS).wrapping_neg())
 }
 
-/// The lane a [`Lane::plain_from`] routes frees to, if it is a route: its address negated,
-/// so the negation that recovers the lane also tells a route by its sign (`neg`, `js` on
-/// x86-64: the test costs no more than a compare with a constant, and no load).
+#[cold]
+#[inline(never)]
+fn route_out_of_reach(address: usize) -> ! {
+    crate::fatal::fatal!(
+        "a thread cache lane at {:#x}, above 2^48: the free route keeps a tag above the \
+         address (user space here reaches past 48 bits; tags need it below)",
+        address
+    )
+}
+
+/// The lane a [`Lane::plain_from`] routes frees to and the tag a block must have to be
+/// pushed there, if it is a route: the negation that recovers them also tells a route by
+/// its sign (`neg`, `js` on x86-64: no more than a compare with a constant), and the tag
+/// comes out of the same word, with no load of the lane's `free_tag` (that load was about
+/// 4% of a scoped alloc+free pair).
 #[inline(always)]
-pub(crate) fn routed_lane(plain_from: *const Lane) -> Option<*const Lane> {
-    let lane = plain_from.map_addr(usize::wrapping_neg);
-    ((lane.addr() as isize) >= 0).then_some(lane)
+pub(crate) fn routed_lane(plain_from: *const Lane) -> Option<(*const Lane, Tag)> {
+    let word = plain_from.addr().wrapping_neg();
+    // 0 (no hook concerns frees) negates to itself: no lane lives at address 0.
+    if (word as isize) <= 0 {
+        return None;
+    }
+    let tag = (word >> ROUTE_ADDRESS_BITS) as Tag;
+    Some((ptr::with_exposed_provenance(word & ROUTE_ADDRESS_MASK), tag))
 }
 
 /// A size class as the global allocator's fast paths index a lane: the class times the
@@ -459,11 +497,54 @@ impl Lane {
 
     /// Lane 0 of a thread in a scope or out of one: routes the global allocator's small frees
     /// to `current`, if tags are in use (else the hooks decide as before). By the owner,
-    /// the only writer of a route (see [`plain_from_for`](Self::plain_from_for)).
+    /// the only writer of a route to a new lane (see [`plain_from_for`](Self::plain_from_for)).
+    ///
+    /// The route carries `current`'s [`free_tag`](Self::free_tag), which a thread changing
+    /// records may change meanwhile: the owner stores the route, then reads the tag again,
+    /// and the changer ([`refresh_route`](Self::refresh_route)) stores the tag, then reads
+    /// the route, with a full barrier between on each side (here a compiler fence where the
+    /// changer's `membarrier` serves as the hardware one, else a fence), so at least one of
+    /// them sees the other's store and the route never keeps a tag that lets a free skip
+    /// the records.
     #[inline(always)]
-    pub(super) fn route_frees_to(&self, current: *const Lane) {
-        if routed_lane(self.plain_from()).is_some() {
-            self.plain_from.store(route_to(current), Relaxed);
+    pub(super) fn route_frees_to(&self, current: &Lane) {
+        if routed_lane(self.plain_from()).is_none() {
+            return;
+        }
+        loop {
+            let route = route_to(current);
+            self.plain_from.store(route, Relaxed);
+            if crate::sync::process_barrier_ready() {
+                compiler_fence(SeqCst);
+            } else {
+                fence(SeqCst);
+            }
+            if route_to(current).addr() == route.addr() {
+                return;
+            }
+        }
+    }
+
+    /// Lane 0 of another thread, by a thread that changed lanes' [`free_tag`](Self::free_tag)
+    /// under the registry lock and then called `sync::process_barrier`: brings the tag in the
+    /// route up to date with the routed lane's (see [`route_frees_to`](Self::route_frees_to)).
+    /// A compare-and-swap, so that a route the owner just moved to another lane is left alone.
+    pub(super) fn refresh_route(&self) {
+        let mut seen = self.plain_from.load(Relaxed);
+        while let Some((lane, _)) = routed_lane(seen) {
+            // SAFETY: a route names one of the owner's lanes (valid while its cache is
+            // registered, which the caller's lock keeps so) or the idle lane (static).
+            let want = route_to(unsafe { &*lane });
+            if want.addr() == seen.addr() {
+                return;
+            }
+            match self
+                .plain_from
+                .compare_exchange(seen, want, Relaxed, Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => seen = now,
+            }
         }
     }
 
@@ -492,14 +573,18 @@ impl Lane {
     /// Sets the hooks byte (and with it [`free_tag`](Self::free_tag)): by whoever owns the
     /// lane's settings (the owner setting it up, or a thread changing them under the thread
     /// registry's lock), before the marks that tell the owner to look.
-    pub(super) fn set_hooks(&self, hooks: u8) {
-        self.free_tag
-            .store(Self::free_tag_for(hooks, self.tag()), Relaxed);
+    ///
+    /// Returns whether the [`free_tag`](Self::free_tag) changed: then routes to this lane
+    /// need [`refresh_route`](Self::refresh_route) (unless the owner is the caller).
+    pub(super) fn set_hooks(&self, hooks: u8) -> bool {
+        let free_tag = Self::free_tag_for(hooks, self.tag());
+        let changed = self.free_tag.swap(free_tag, Relaxed) != free_tag;
         self.free_gate.store(Self::free_gate_for(hooks), Relaxed);
         if let Some(plain_from) = self.plain_from_for(hooks) {
             self.plain_from.store(plain_from, Relaxed);
         }
         self.hooks.store(hooks, Relaxed);
+        changed
     }
 
     /// Adds `more` to the hooks byte (with what follows from it), under the thread
@@ -1112,9 +1197,36 @@ fn prefetch_head(next: *mut FreeSlot) {
 
 #[cfg(test)]
 mod tests {
-    use super::{ClassKey, fast_key};
+    use super::{ASK, ClassKey, Lane, PLAIN_NEVER, fast_key, route_to, routed_lane};
+    use crate::allocator::thread_cache::{HOOK_FREE, HOOK_TAGS};
     use crate::schema::hpha::size_class::{CLASS_COUNT, fast_class};
     use core::alloc::Layout;
+
+    /// A route gives back its lane and the lane's free tag; nothing else `plain_from` holds
+    /// (0, an address, `PLAIN_NEVER`) reads as a route; a lane that asks routes with a tag
+    /// field no segment has.
+    #[test]
+    fn routes_carry_the_lane_and_its_free_tag_and_nothing_else_is_a_route() {
+        let lanes: Vec<Box<Lane>> = (0..3).map(|_| Box::new(Lane::new(HOOK_TAGS))).collect();
+        for (tag, lane) in [0u16, 7, 4095].into_iter().zip(&lanes) {
+            lane.tag.store(tag, core::sync::atomic::Ordering::Relaxed);
+            lane.set_hooks(HOOK_TAGS);
+            let (to, field) = routed_lane(route_to(lane)).expect("a route");
+            assert_eq!((to, field), (core::ptr::from_ref(&**lane), tag));
+            // SAFETY: the lane is alive; the pointer came back through the exposed provenance.
+            assert_eq!(unsafe { (*to).tag() }, tag);
+            lane.set_hooks(HOOK_TAGS | HOOK_FREE);
+            let (_, field) = routed_lane(route_to(lane)).expect("a route");
+            assert_eq!(field, ASK & 0x7fff);
+            assert_ne!(field, tag);
+        }
+        for plain in [0, 4096, 0x7fff_ffff_f000, PLAIN_NEVER] {
+            assert!(
+                routed_lane(core::ptr::without_provenance(plain)).is_none(),
+                "{plain:#x}"
+            );
+        }
+    }
 
     /// The key of every layout is its class's (so the fast paths index the slot the class
     /// would), and the class comes back from the key: exhaustive over small sizes and every
