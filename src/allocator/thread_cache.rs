@@ -1083,7 +1083,7 @@ pub(crate) unsafe fn free_gated(
             cold_path();
             // Tags first: a scoped program frees every block here, so its test comes before
             // the hooks' (one test of the word already loaded, which also gives the lane).
-            if let Some((routed, tag)) = lane::routed_lane(plain_from) {
+            if let Some((routed, tag)) = lane::routed_lane_above_a_block(plain_from) {
                 // A guarded block's segment tag is no lane's: it misses here.
                 if free_in_routed_lane(routed, tag, ptr, key, layout.size()) {
                     return;

@@ -170,36 +170,39 @@ const _: () = assert!(
 );
 
 /// Bits of a lane's address in a route: user space on x86-64 (4-level paging, or 5-level
-/// without an address hint above 2^47) and on 48-bit aarch64 lies below 2^48. The tag field
-/// takes the 15 bits above, up to the sign bit.
+/// without an address hint above 2^47) and on 48-bit aarch64 lies below 2^48.
 const ROUTE_ADDRESS_BITS: u32 = 48;
-const ROUTE_ADDRESS_MASK: usize = (1 << ROUTE_ADDRESS_BITS) - 1;
-/// The tag field of a route: 15 bits. Every real tag fits (below `MAX_TAGS`), [`ASK`] and
-/// the idle lane's `Tag::MAX` keep distinct values (0x7ffe, 0x7fff) that no segment has,
-/// and a guarded segment's tag (0xfffd) is above every field.
-const ROUTE_TAG_MASK: usize = (1 << (63 - ROUTE_ADDRESS_BITS)) - 1;
+/// Bits of the tag field, below the lane's address: 15, so that the route's top bit stays
+/// clear. Every real tag fits (below `MAX_TAGS`), [`ASK`] and the idle lane's `Tag::MAX`
+/// keep distinct values (0x7ffe, 0x7fff) that no segment has, and a guarded segment's tag
+/// (0xfffd) is above every field.
+const ROUTE_TAG_BITS: u32 = 63 - ROUTE_ADDRESS_BITS;
+const ROUTE_TAG_MASK: usize = (1 << ROUTE_TAG_BITS) - 1;
 const _: () = assert!(crate::schema::hpha::MAX_TAGS <= (ASK as usize & ROUTE_TAG_MASK));
+// The field's 16-bit view (what the free compares with a segment's tag) holds the lowest
+// address bit above it, which is 0 for a lane.
+const _: () = assert!(align_of::<Lane>() >= 2);
 
 /// The [`Lane::plain_from`] that routes frees to `lane`, with the tag a block must have to
 /// go into it (its [`free_tag`](Lane::free_tag) as of now; see [`routed_lane`]).
 #[inline(always)]
 fn route_to(lane: &Lane) -> *mut Lane {
     let address = ptr::from_ref(lane).addr();
-    if address > ROUTE_ADDRESS_MASK {
+    if address >> ROUTE_ADDRESS_BITS != 0 {
         route_out_of_reach(address);
     }
     let field = usize::from(lane.free_tag()) & ROUTE_TAG_MASK;
     // The route word has no provenance of its own: [`routed_lane`] takes the lane's back
     // from this exposure (one instruction fewer than deriving it from the word).
     ptr::from_ref(lane).expose_provenance();
-    ptr::without_provenance_mut((address | field << ROUTE_ADDRESS_BITS).wrapping_neg())
+    ptr::without_provenance_mut((address << ROUTE_TAG_BITS | field).wrapping_neg())
 }
 
 #[cold]
 #[inline(never)]
 fn route_out_of_reach(address: usize) -> ! {
     crate::fatal::fatal!(
-        "a thread cache lane at {:#x}, above 2^48: the free route keeps a tag above the \
+        "a thread cache lane at {:#x}, above 2^48: the free route keeps a tag beside the \
          address (user space here reaches past 48 bits; tags need it below)",
         address
     )
@@ -207,18 +210,31 @@ fn route_out_of_reach(address: usize) -> ! {
 
 /// The lane a [`Lane::plain_from`] routes frees to and the tag a block must have to be
 /// pushed there, if it is a route: the negation that recovers them also tells a route by
-/// its sign (`neg`, `js` on x86-64: no more than a compare with a constant), and the tag
-/// comes out of the same word, with no load of the lane's `free_tag` (that load was about
-/// 4% of a scoped alloc+free pair).
+/// its sign (`neg`, `js` on x86-64: no more than a compare with a constant); the tag is the
+/// low 16 bits of the same word, which the free compares with the block's segment tag
+/// directly, and the lane one shift away. No load of the lane's `free_tag` (that load was
+/// about 4% of a scoped alloc+free pair).
 #[inline(always)]
 pub(crate) fn routed_lane(plain_from: *const Lane) -> Option<(*const Lane, Tag)> {
-    let word = plain_from.addr().wrapping_neg();
     // 0 (no hook concerns frees) negates to itself: no lane lives at address 0.
-    if (word as isize) <= 0 {
+    if plain_from.is_null() {
         return None;
     }
-    let tag = (word >> ROUTE_ADDRESS_BITS) as Tag;
-    Some((ptr::with_exposed_provenance(word & ROUTE_ADDRESS_MASK), tag))
+    routed_lane_above_a_block(plain_from)
+}
+
+/// [`routed_lane`] of a `plain_from` that a block's address is below (the free's plain
+/// test failed), so not 0: the sign of the negation alone tells a route.
+#[inline(always)]
+pub(crate) fn routed_lane_above_a_block(plain_from: *const Lane) -> Option<(*const Lane, Tag)> {
+    let word = plain_from.addr().wrapping_neg();
+    if (word as isize) < 0 {
+        return None;
+    }
+    Some((
+        ptr::with_exposed_provenance(word >> ROUTE_TAG_BITS),
+        word as Tag,
+    ))
 }
 
 /// A size class as the global allocator's fast paths index a lane: the class times the
