@@ -372,8 +372,9 @@ pub(crate) struct Lane {
     pub(super) tag: AtomicU16,
     /// [`tag`](Self::tag) while the hooks let a free straight into a bin (no `HOOK_FREE`, no
     /// `HOOK_FREE_SAMPLED`), else [`ASK`]: the global allocator's scoped free compares a
-    /// block's segment tag with this one word (see `free_in_routed_lane`). Written with the
-    /// hooks (see [`set_hooks`](Self::set_hooks)).
+    /// block's segment tag with a copy of it in the free route (see
+    /// [`route_frees_to`](Self::route_frees_to), which keeps the copy current). Written with
+    /// the hooks (see [`set_hooks`](Self::set_hooks)).
     free_tag: AtomicU16,
     /// What a free through this lane must ask (one of the `GATE_*` values), derived from the
     /// hooks: [`free_filtered`](Self::free_filtered) reads this one byte with a single
@@ -389,8 +390,9 @@ pub(crate) struct Lane {
     /// a bin without reading the hooks (one compare, see `free_gated`): 0 while no hook
     /// concerns frees, the end of the guarded area while guarded sampling is the only one
     /// (the area lies low in the address space, so ordinary blocks are above it),
-    /// once tags are in use a route (see [`routed_lane`]) to the lane of the tag the thread is in
-    /// (so the scoped free needs no look at the hooks, nor at `ThreadCache::current`), and
+    /// once tags are in use a route (see [`routed_lane`]) to the lane of the tag the thread is in,
+    /// with that lane's free tag (so the scoped free needs no look at the hooks, nor at
+    /// `ThreadCache::current`, nor at the lane's `free_tag`), and
     /// [`PLAIN_NEVER`] otherwise. Written with the hooks (see [`set_hooks`](Self::set_hooks)),
     /// and the route by the owner as it enters and leaves scopes (see
     /// [`route_frees_to`](Self::route_frees_to)). A pointer for the route's provenance.
