@@ -565,35 +565,44 @@ fn a_tag_in_use_while_its_records_and_budget_change_stays_exact() {
 /// A thread in a tag whose records another thread switches on while it stays inside: the
 /// free route the thread set as it entered (with the tag's blocks going straight into its
 /// lane) is brought up to date by the switch, so each recorded block's free removes its
-/// record. Before that, these frees went into the lane past the records.
+/// record. Before that, these frees went into the lane past the records. The two threads meet
+/// through atomics, not channels: a channel's blocking receive allocates inside the scope.
 #[test]
 fn records_switched_on_while_a_thread_is_in_the_tag_see_its_frees() {
-    let (ready_tx, ready_rx) = mpsc::channel::<()>();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let worker = std::thread::spawn(move || {
-        let _tag = RecordedLater.enter();
-        // The lane is set up and the route taken: these go straight into the lane.
-        for round in 0..100 {
-            drop(black_box(vec![round as u8; 24]));
-        }
-        ready_tx.send(()).unwrap();
-        go_rx.recv().unwrap();
-        for round in 0..1000 {
-            drop(black_box(vec![round as u8; 8 + round % 200]));
-        }
-    });
-    ready_rx.recv().unwrap();
-    RecordedLater.set_records(tagalloc::RecordMode::Basic);
-    go_tx.send(()).unwrap();
-    worker.join().unwrap();
-    let stats = RecordedLater.stats();
-    let totals = tagalloc::records::live_totals(RecordedLater::registration());
-    RecordedLater.set_records(tagalloc::RecordMode::Off);
-    assert!(stats.allocations >= 1100, "{stats:?}");
-    assert_eq!(
-        totals.records, 0,
-        "records left behind by freed blocks: {totals:?}"
-    );
+    use std::sync::atomic::AtomicBool;
+    for round in 0..20 {
+        let ready = AtomicBool::new(false);
+        let go = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| {
+                let _tag = RecordedLater.enter();
+                // The lane is set up and the route taken: these go straight into the lane.
+                for i in 0..100 {
+                    drop(black_box(vec![i as u8; 24]));
+                }
+                ready.store(true, Ordering::Release);
+                while !go.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                for i in 0..1000 {
+                    drop(black_box(vec![i as u8; 8 + i % 200]));
+                }
+            });
+            while !ready.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+            RecordedLater.set_records(tagalloc::RecordMode::Basic);
+            go.store(true, Ordering::Release);
+            worker.join().unwrap();
+        });
+        let totals = tagalloc::records::live_totals(RecordedLater::registration());
+        RecordedLater.set_records(tagalloc::RecordMode::Off);
+        assert_eq!(
+            totals.records, 0,
+            "round {round}: records left behind by freed blocks: {totals:?}"
+        );
+    }
+    assert!(RecordedLater.stats().allocations >= 20 * 1100);
 }
 
 #[test]
