@@ -15,6 +15,8 @@ use tagalloc::SystemAllocator;
 const CASE_VAR: &str = "TAGALLOC_GLOBAL_MISUSE_CASE";
 static A: SystemAllocator = SystemAllocator::new();
 
+tagalloc::allocator!(Scoped: child of tagalloc::SystemAllocator, "a tag entered around misuse");
+
 fn layout(size: usize, align: usize) -> Layout {
     Layout::from_size_align(size, align).unwrap()
 }
@@ -126,6 +128,18 @@ fn child_entry_point() {
                 A.dealloc(on_stack.as_mut_ptr(), small);
             }
             "libc_freed_as_small" => {
+                let p = libc::malloc(64).cast::<u8>();
+                A.dealloc(p, small);
+            }
+            "stack_freed_as_small_in_a_scope" => {
+                // Inside a scope the free compares the block's segment tag with the route
+                // first: checked builds must judge the pointer before that read.
+                let _tag = Scoped.enter();
+                let mut on_stack = [0u8; 64];
+                A.dealloc(on_stack.as_mut_ptr(), small);
+            }
+            "libc_freed_as_small_in_a_scope" => {
+                let _tag = Scoped.enter();
                 let p = libc::malloc(64).cast::<u8>();
                 A.dealloc(p, small);
             }
@@ -271,6 +285,21 @@ fn a_stack_address_freed_as_small_is_not_a_block() {
 #[cfg(any(debug_assertions, feature = "checked"))]
 fn a_libc_pointer_freed_as_small_is_not_a_block() {
     let err = run_child("libc_freed_as_small");
+    assert!(err.contains("not a block of this heap"), "{err}");
+}
+
+/// The same inside a scope, where the free reads the block's segment tag before pushing it.
+#[test]
+#[cfg(any(debug_assertions, feature = "checked"))]
+fn a_stack_address_freed_as_small_in_a_scope_is_not_a_block() {
+    let err = run_child("stack_freed_as_small_in_a_scope");
+    assert!(err.contains("not a block of this heap"), "{err}");
+}
+
+#[test]
+#[cfg(any(debug_assertions, feature = "checked"))]
+fn a_libc_pointer_freed_as_small_in_a_scope_is_not_a_block() {
+    let err = run_child("libc_freed_as_small_in_a_scope");
     assert!(err.contains("not a block of this heap"), "{err}");
 }
 

@@ -44,7 +44,9 @@ use crate::records;
 use crate::schema::HphaSchema;
 use crate::schema::hpha::Tag;
 use crate::schema::hpha::size_class::{CLASS_COUNT, class_size};
-use crate::schema::hpha::small::{FreeSlot, check_free, mark_allocated, segment_tag};
+use crate::schema::hpha::small::{
+    CHECKED, FreeSlot, check_free, check_segment_before_reading, mark_allocated, segment_tag,
+};
 use crate::stats::{Registry, ShardSet};
 use crate::sync::{FairGuard, FairLock, OnceFlag};
 use core::alloc::Layout;
@@ -1082,12 +1084,20 @@ pub(crate) unsafe fn free_gated(
             // pair ran slower, by 5% and 1.5% (`scope_pairs`, 21 paired rounds): placement.
             cold_path();
             // Tags first: a scoped program frees every block here, so its test comes before
-            // the hooks' (one test of the word already loaded, which also gives the lane).
-            if let Some((routed, tag)) = lane::routed_lane_above_a_block(plain_from) {
-                // A guarded block's segment tag is no lane's: it misses here.
-                if free_in_routed_lane(routed, tag, ptr, key, layout.size()) {
+            // the hooks', and before the word's kind is known: the block's segment tag equals
+            // the word's low 16 bits only for a route to the lane that takes the block.
+            if CHECKED && !guarded::AREA.contains(ptr.addr()) {
+                check_segment_before_reading(ptr, key.class());
+            }
+            if let Some(routed) = lane::routed_lane_above_a_block(plain_from, segment_tag(ptr)) {
+                if free_in_routed_lane(routed, ptr, key, layout.size()) {
                     return;
                 }
+                return miss(ptr, layout.size(), layout.align(), key.class(), tc);
+            }
+            if lane::is_route(plain_from) {
+                // A block of another tag (a guarded block's tag is no lane's), or a lane
+                // that asks the hooks.
                 return miss(ptr, layout.size(), layout.align(), key.class(), tc);
             }
             let hooks = lane.hooks.load(Relaxed);
@@ -1128,31 +1138,27 @@ pub(crate) unsafe fn free_gated(
 
 /// Where tags are in use, [`free_gated`]'s way for the common scoped free: a block of the tag
 /// the thread is in (or of tag 0 outside any scope) goes into the lane lane 0 routes frees
-/// to (the current one) with one look at the block's segment; `false` for anything else.
+/// to (the current one), once its segment's tag matched the route's; `false` when the bin
+/// is full.
 ///
 /// # Safety
-/// `lane` and `tag` are the route of the calling thread's lane 0 (one of its lanes, or the
-/// idle lane, and the lane's free tag); `ptr` is a live small block of `key`'s class
-/// allocated for `size` bytes (or a size up to the granted one).
+/// `lane` is the lane of the calling thread's lane-0 route (one of its lanes: the idle
+/// lane's field matches no segment), and the block's segment tag matched the route's field;
+/// `ptr` is a live small block of `key`'s class allocated for `size` bytes (or a size up to
+/// the granted one).
 #[inline(always)]
 pub(crate) unsafe fn free_in_routed_lane(
     lane: *const Lane,
-    tag: Tag,
     ptr: *mut u8,
     key: ClassKey,
     size: usize,
 ) -> bool {
     // SAFETY: forwarded from the caller: the route is one of this thread's lanes (only the
     // owner routes to a lane, its current one, which lives while the route does: `retire`
-    // takes the route away before it releases lanes) or the idle lane, whose tag no segment
-    // has; the block lies in a segment of the lane's tag when the test passes.
+    // takes the route away before it releases lanes), and the block lies in a segment of the
+    // lane's tag (the route's field, the lane's `free_tag`, equals the lane's tag only while
+    // the lane takes frees without looking at records).
     unsafe {
-        // One compare for both: the block is of the lane's tag, and the lane takes frees
-        // without looking at records (the route's tag, the lane's `free_tag`, says neither
-        // otherwise).
-        if segment_tag(ptr) != tag {
-            return false;
-        }
         let lane = &*lane;
         if !lane.push_if_room(ptr, key) {
             return false;

@@ -156,21 +156,34 @@ pub(super) const ASK: Tag = Tag::MAX - 1;
 /// The hooks a small free through lane 0 must look at (the others concern allocations).
 const FREE_HOOKS: u8 = HOOK_FREE | HOOK_FREE_SAMPLED | HOOK_TAGS | HOOK_GUARD;
 /// [`Lane::plain_from`] while records or sampling concern frees (no tags): no free is
-/// plain; the hooks say what to ask. Above every address a block can have, with the top bit
-/// clear, so it is no route (no guarded area ends here: the area is page aligned).
+/// plain; the hooks say what to ask. Above every address a block can have; its low 16 bits
+/// are all ones (see [`THRESHOLD_LOW_BITS`]), so it is no route.
 pub(crate) const PLAIN_NEVER: usize = usize::MAX >> 1;
 
-// A route is a lane's address with the tag its frees want above it, negated: user space
-// ends far below the top bit of a 64-bit address, so a route has the top bit set (above
-// every block: the plain test fails) and nothing else does (every other `plain_from` is an
-// address or `PLAIN_NEVER`).
+/// The low 16 bits of every `plain_from` that is a threshold (an address below which frees
+/// look at the hooks), not a route: bit 15 set tells a threshold from a route, and the 16
+/// bits match no segment's tag, so the free's tag test fails for it without a test of its
+/// own (see [`routed_lane_above_a_block`]). Setting them moves a threshold up by less than
+/// 64 KiB, which only sends the blocks just above it to the hooks' exact tests.
+pub(crate) const THRESHOLD_LOW_BITS: usize = 0xffff;
+
+/// A threshold at `address` (see [`THRESHOLD_LOW_BITS`]).
+pub(crate) const fn threshold_at(address: usize) -> usize {
+    address | THRESHOLD_LOW_BITS
+}
+
+// A route is a lane's address shifted left with the tag its frees want in the bits below:
+// a lane lives high in user space (thread-local storage, or memory mapped for it), so its
+// shifted address is above every block (the free's plain test fails for every block), and
+// the free compares the route's low 16 bits with a block's segment tag straight away.
 const _: () = assert!(
     usize::BITS == 64,
-    "a free route needs addresses below the top bit (a 64-bit target)"
+    "a free route needs a lane's address shifted left by 15 to fit (a 64-bit target)"
 );
 
-/// Bits of a lane's address in a route: user space on x86-64 (4-level paging, or 5-level
-/// without an address hint above 2^47) and on 48-bit aarch64 lies below 2^48.
+/// Bits of a user-space address, of lanes and of blocks alike: user space on x86-64
+/// (4-level paging, or 5-level without an address hint above 2^47) and on 48-bit aarch64
+/// lies below 2^48.
 const ROUTE_ADDRESS_BITS: u32 = 48;
 /// Bits of the tag field, below the lane's address: 15, so that the route's top bit stays
 /// clear. Every real tag fits (below `MAX_TAGS`), [`ASK`] and the idle lane's `Tag::MAX`
@@ -178,10 +191,21 @@ const ROUTE_ADDRESS_BITS: u32 = 48;
 /// (0xfffd) is above every field.
 const ROUTE_TAG_BITS: u32 = 63 - ROUTE_ADDRESS_BITS;
 const ROUTE_TAG_MASK: usize = (1 << ROUTE_TAG_BITS) - 1;
+/// The lowest lane address a route can name: shifted, it reaches 2^48, above every block.
+/// Lanes lower than this (the main thread's thread-local storage in a static binary that is
+/// not position-independent) get [`ROUTE_NOWHERE`].
+const ROUTE_LOWEST_LANE: usize = 1 << (ROUTE_ADDRESS_BITS - ROUTE_TAG_BITS);
+/// The route of a lane too low to be named: above every block, a route by its bit 15 (so a
+/// free that fails its tag test takes the miss path, never the hooks'), with the idle lane's
+/// field, which no segment has: every small free of such a thread takes the miss path,
+/// which finds the block's tag itself. Slower, never wrong.
+const ROUTE_NOWHERE: usize = 1 << 62 | ROUTE_TAG_MASK;
 const _: () = assert!(crate::schema::hpha::MAX_TAGS <= (ASK as usize & ROUTE_TAG_MASK));
 // The field's 16-bit view (what the free compares with a segment's tag) holds the lowest
-// address bit above it, which is 0 for a lane.
+// address bit above it, which is 0 for a lane: bit 15 of a route is clear, of a threshold set.
 const _: () = assert!(align_of::<Lane>() >= 2);
+const _: () = assert!(THRESHOLD_LOW_BITS & (1 << ROUTE_TAG_BITS) != 0);
+const _: () = assert!(PLAIN_NEVER & THRESHOLD_LOW_BITS == THRESHOLD_LOW_BITS);
 
 /// The [`Lane::plain_from`] that routes frees to `lane`, with the tag a block must have to
 /// go into it (its [`free_tag`](Lane::free_tag) as of now; see [`routed_lane`]).
@@ -191,11 +215,14 @@ fn route_to(lane: &Lane) -> *mut Lane {
     if address >> ROUTE_ADDRESS_BITS != 0 {
         route_out_of_reach(address);
     }
+    if address < ROUTE_LOWEST_LANE {
+        return ptr::without_provenance_mut(ROUTE_NOWHERE);
+    }
     let field = usize::from(lane.free_tag()) & ROUTE_TAG_MASK;
     // The route word has no provenance of its own: [`routed_lane`] takes the lane's back
     // from this exposure (one instruction fewer than deriving it from the word).
     ptr::from_ref(lane).expose_provenance();
-    ptr::without_provenance_mut((address << ROUTE_TAG_BITS | field).wrapping_neg())
+    ptr::without_provenance_mut(address << ROUTE_TAG_BITS | field)
 }
 
 #[cold]
@@ -209,32 +236,55 @@ fn route_out_of_reach(address: usize) -> ! {
 }
 
 /// The lane a [`Lane::plain_from`] routes frees to and the tag a block must have to be
-/// pushed there, if it is a route: the negation that recovers them also tells a route by
-/// its sign (`neg`, `js` on x86-64: no more than a compare with a constant); the tag is the
-/// low 16 bits of the same word, which the free compares with the block's segment tag
-/// directly, and the lane one shift away. No load of the lane's `free_tag` (that load was
-/// about 4% of a scoped alloc+free pair).
+/// pushed there, if it is a route naming a lane (not 0, a threshold, or [`ROUTE_NOWHERE`]).
 #[inline(always)]
 pub(crate) fn routed_lane(plain_from: *const Lane) -> Option<(*const Lane, Tag)> {
-    // 0 (no hook concerns frees) negates to itself: no lane lives at address 0.
-    if plain_from.is_null() {
+    let word = plain_from.addr();
+    // 0 (no hook concerns frees) has bit 15 clear but names no lane.
+    if word == 0 || word == ROUTE_NOWHERE || !is_route(plain_from) {
         return None;
     }
-    routed_lane_above_a_block(plain_from)
+    Some(route_parts(word))
 }
 
-/// [`routed_lane`] of a `plain_from` that a block's address is below (the free's plain
-/// test failed), so not 0: the sign of the negation alone tells a route.
+/// Whether a `plain_from` that a block's address is below (so not 0) is a route (bit 15
+/// clear), rather than a threshold: what the free asks once its tag test failed.
 #[inline(always)]
-pub(crate) fn routed_lane_above_a_block(plain_from: *const Lane) -> Option<(*const Lane, Tag)> {
-    let word = plain_from.addr().wrapping_neg();
-    if (word as isize) < 0 {
+pub(crate) fn is_route(plain_from: *const Lane) -> bool {
+    plain_from.addr() & (1 << ROUTE_TAG_BITS) == 0
+}
+
+/// Whether a `plain_from` is a route, [`ROUTE_NOWHERE`] included: lane 0 routes frees
+/// (tags are in use), and its owner keeps the route on the lane it is in.
+#[inline(always)]
+fn is_routing(plain_from: *const Lane) -> bool {
+    !plain_from.is_null() && is_route(plain_from)
+}
+
+/// The free's fast way with a `plain_from` that a block's address is below (the plain test
+/// failed): if the word's low 16 bits equal `segment_tag`, the block's segment tag, the word
+/// is a route (no threshold's low bits are a tag, nor [`ROUTE_NOWHERE`]'s) to the lane that
+/// takes the block, one shift away. No test of the word's kind before the tag test, and no
+/// load of the lane's `free_tag` (that load was about 4% of a scoped alloc+free pair).
+#[inline(always)]
+pub(crate) fn routed_lane_above_a_block(
+    plain_from: *const Lane,
+    segment_tag: Tag,
+) -> Option<*const Lane> {
+    let word = plain_from.addr();
+    if word as Tag != segment_tag {
         return None;
     }
-    Some((
+    Some(ptr::with_exposed_provenance(word >> ROUTE_TAG_BITS))
+}
+
+/// A route's lane and field.
+#[inline(always)]
+fn route_parts(word: usize) -> (*const Lane, Tag) {
+    (
         ptr::with_exposed_provenance(word >> ROUTE_TAG_BITS),
-        word as Tag,
-    ))
+        (word & ROUTE_TAG_MASK) as Tag,
+    )
 }
 
 /// A size class as the global allocator's fast paths index a lane: the class times the
@@ -388,8 +438,9 @@ pub(crate) struct Lane {
     budget_in_flight: AtomicBool,
     /// Lane 0: a global small free of a block at or above this address goes straight into
     /// a bin without reading the hooks (one compare, see `free_gated`): 0 while no hook
-    /// concerns frees, the end of the guarded area while guarded sampling is the only one
-    /// (the area lies low in the address space, so ordinary blocks are above it),
+    /// concerns frees, the end of the guarded area (as a threshold: [`threshold_at`]) while
+    /// guarded sampling is the only one (the area lies low in the address space, so
+    /// ordinary blocks are above it),
     /// once tags are in use a route (see [`routed_lane`]) to the lane of the tag the thread is in,
     /// with that lane's free tag (so the scoped free needs no look at the hooks, nor at
     /// `ThreadCache::current`, nor at the lane's `free_tag`), and
@@ -502,11 +553,9 @@ impl Lane {
     fn plain_from_for(&self, hooks: u8) -> Option<*mut Lane> {
         let address = match hooks & FREE_HOOKS {
             0 => 0,
-            HOOK_GUARD => guarded::AREA.end(),
+            HOOK_GUARD => threshold_at(guarded::AREA.end()),
             _ if hooks & HOOK_TAGS != 0 => {
-                return routed_lane(self.plain_from())
-                    .is_none()
-                    .then(|| route_to(self));
+                return (!is_routing(self.plain_from())).then(|| route_to(self));
             }
             _ => PLAIN_NEVER,
         };
@@ -526,7 +575,7 @@ impl Lane {
     /// the records.
     #[inline(always)]
     pub(super) fn route_frees_to(&self, current: &Lane) {
-        if routed_lane(self.plain_from()).is_none() {
+        if !is_routing(self.plain_from()) {
             return;
         }
         loop {
@@ -1215,34 +1264,66 @@ fn prefetch_head(next: *mut FreeSlot) {
 
 #[cfg(test)]
 mod tests {
-    use super::{ASK, ClassKey, Lane, PLAIN_NEVER, fast_key, route_to, routed_lane};
+    use super::{
+        ASK, ClassKey, Lane, PLAIN_NEVER, ROUTE_NOWHERE, fast_key, is_route, is_routing, route_to,
+        routed_lane, routed_lane_above_a_block, threshold_at,
+    };
     use crate::allocator::thread_cache::{HOOK_FREE, HOOK_TAGS};
+    use crate::schema::guarded::GUARDED_TAG;
     use crate::schema::hpha::size_class::{CLASS_COUNT, fast_class};
     use core::alloc::Layout;
 
-    /// A route gives back its lane and the lane's free tag; nothing else `plain_from` holds
-    /// (0, an address, `PLAIN_NEVER`) reads as a route; a lane that asks routes with a tag
-    /// field no segment has.
+    /// A route gives back its lane and the lane's free tag, and is above every block;
+    /// nothing else `plain_from` holds (0, a threshold, `PLAIN_NEVER`) reads as a route,
+    /// and no threshold's low bits match a segment tag; a lane that asks routes with a tag
+    /// field no segment has; a lane too low to be named gets the route that matches nothing.
     #[test]
     fn routes_carry_the_lane_and_its_free_tag_and_nothing_else_is_a_route() {
         let lanes: Vec<Box<Lane>> = (0..3).map(|_| Box::new(Lane::new(HOOK_TAGS))).collect();
         for (tag, lane) in [0u16, 7, 4095].into_iter().zip(&lanes) {
             lane.tag.store(tag, core::sync::atomic::Ordering::Relaxed);
             lane.set_hooks(HOOK_TAGS);
-            let (to, field) = routed_lane(route_to(lane)).expect("a route");
+            let route = route_to(lane);
+            assert!(
+                route.addr() >= 1 << 48,
+                "{route:p} is not above every block"
+            );
+            assert!(is_route(route));
+            let (to, field) = routed_lane(route).expect("a route");
             assert_eq!((to, field), (core::ptr::from_ref(&**lane), tag));
+            assert_eq!(routed_lane_above_a_block(route, tag), Some(to));
+            assert_eq!(routed_lane_above_a_block(route, tag + 1), None);
             // SAFETY: the lane is alive; the pointer came back through the exposed provenance.
             assert_eq!(unsafe { (*to).tag() }, tag);
             lane.set_hooks(HOOK_TAGS | HOOK_FREE);
             let (_, field) = routed_lane(route_to(lane)).expect("a route");
             assert_eq!(field, ASK & 0x7fff);
             assert_ne!(field, tag);
+            assert_eq!(routed_lane_above_a_block(route_to(lane), tag), None);
         }
-        for plain in [0, 4096, 0x7fff_ffff_f000, PLAIN_NEVER] {
-            assert!(
-                routed_lane(core::ptr::without_provenance(plain)).is_none(),
-                "{plain:#x}"
-            );
+        for plain in [
+            0,
+            threshold_at(4096),
+            threshold_at(0x7fff_ffff_f000),
+            PLAIN_NEVER,
+        ] {
+            let word = core::ptr::without_provenance(plain);
+            assert!(routed_lane(word).is_none(), "{plain:#x}");
+            if plain != 0 {
+                assert!(!is_route(word), "{plain:#x}");
+                for tag in [0, 7, 4095, GUARDED_TAG, ASK] {
+                    assert_eq!(routed_lane_above_a_block(word, tag), None, "{plain:#x}");
+                }
+            }
+        }
+        let nowhere = core::ptr::without_provenance(ROUTE_NOWHERE);
+        assert!(routed_lane(nowhere).is_none() && is_route(nowhere) && is_routing(nowhere));
+        assert!(
+            !is_routing(core::ptr::null())
+                && !is_routing(core::ptr::without_provenance(PLAIN_NEVER))
+        );
+        for tag in [0, 7, 4095, GUARDED_TAG, ASK] {
+            assert_eq!(routed_lane_above_a_block(nowhere, tag), None);
         }
     }
 

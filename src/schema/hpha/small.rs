@@ -1229,6 +1229,16 @@ pub(crate) unsafe fn check_free(ptr: *mut u8, class: usize) {
     }
 }
 
+/// Checked builds: reports a pointer that lies in no small-block segment before anything
+/// reads its segment's first word (the scoped free's tag test does); the full check
+/// ([`check_free`]) follows when the block is pushed. Nothing in other builds.
+#[inline(always)]
+pub(crate) fn check_segment_before_reading(ptr: *mut u8, class: usize) {
+    if CHECKED && super::addr_map::kind_of(ptr.addr()) != super::addr_map::SMALL {
+        report_bad_free(ptr, class);
+    }
+}
+
 /// [`check_free`] of checked builds: the address map, the page, the slot's position and
 /// its bit in the page's bitmap.
 ///
