@@ -193,13 +193,15 @@ const ROUTE_TAG_BITS: u32 = 63 - ROUTE_ADDRESS_BITS;
 const ROUTE_TAG_MASK: usize = (1 << ROUTE_TAG_BITS) - 1;
 /// The lowest lane address a route can name: shifted, it reaches 2^48, above every block.
 /// Lanes lower than this (the main thread's thread-local storage in a static binary that is
-/// not position-independent) get [`ROUTE_NOWHERE`].
+/// not position-independent, or every thread under valgrind without `--aspace-minaddr`)
+/// get a route *nowhere* instead (see [`ROUTE_NOWHERE`]).
 const ROUTE_LOWEST_LANE: usize = 1 << (ROUTE_ADDRESS_BITS - ROUTE_TAG_BITS);
-/// The route of a lane too low to be named: above every block, a route by its bit 15 (so a
-/// free that fails its tag test takes the miss path, never the hooks'), with the idle lane's
-/// field, which no segment has: every small free of such a thread takes the miss path,
-/// which finds the block's tag itself. Slower, never wrong.
-const ROUTE_NOWHERE: usize = 1 << 62 | ROUTE_TAG_MASK;
+/// What a route to a lane too low to be named has set: the top bit (no route naming a lane
+/// has it, as lanes lie below 2^48), which puts it above every block, and the whole tag
+/// field (the idle lane's, which no segment has), with bit 15 clear as in every route. A
+/// free that fails the tag test on it takes the miss path (never the hooks'), which finds
+/// the block's tag itself: every small free of such a thread is slower, never wrong.
+const ROUTE_NOWHERE: usize = 1 << 63 | ROUTE_TAG_MASK;
 const _: () = assert!(crate::schema::hpha::MAX_TAGS <= (ASK as usize & ROUTE_TAG_MASK));
 // The field's 16-bit view (what the free compares with a segment's tag) holds the lowest
 // address bit above it, which is 0 for a lane: bit 15 of a route is clear, of a threshold set.
@@ -215,14 +217,14 @@ fn route_to(lane: &Lane) -> *mut Lane {
     if address >> ROUTE_ADDRESS_BITS != 0 {
         route_out_of_reach(address);
     }
-    if address < ROUTE_LOWEST_LANE {
-        return ptr::without_provenance_mut(ROUTE_NOWHERE);
-    }
     let field = usize::from(lane.free_tag()) & ROUTE_TAG_MASK;
+    // A lane too low to be named routes nowhere: without a branch, which kept `enter` and
+    // `leave` small enough for the compiler to inline a guard's drop into its caller.
+    let nowhere = usize::from(address < ROUTE_LOWEST_LANE).wrapping_neg() & ROUTE_NOWHERE;
     // The route word has no provenance of its own: [`routed_lane`] takes the lane's back
     // from this exposure (one instruction fewer than deriving it from the word).
     ptr::from_ref(lane).expose_provenance();
-    ptr::without_provenance_mut(address << ROUTE_TAG_BITS | field)
+    ptr::without_provenance_mut(address << ROUTE_TAG_BITS | field | nowhere)
 }
 
 #[cold]
@@ -240,8 +242,9 @@ fn route_out_of_reach(address: usize) -> ! {
 #[inline(always)]
 pub(crate) fn routed_lane(plain_from: *const Lane) -> Option<(*const Lane, Tag)> {
     let word = plain_from.addr();
-    // 0 (no hook concerns frees) has bit 15 clear but names no lane.
-    if word == 0 || word == ROUTE_NOWHERE || !is_route(plain_from) {
+    // 0 (no hook concerns frees) has bit 15 clear but names no lane, nor does a route
+    // nowhere.
+    if word == 0 || word & ROUTE_NOWHERE == ROUTE_NOWHERE || !is_route(plain_from) {
         return None;
     }
     Some(route_parts(word))
