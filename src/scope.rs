@@ -148,8 +148,9 @@ fn tag_of_slow(registration: &'static Registration) -> Tag {
 }
 
 /// Whether the calling thread's small frees through the global allocator go straight to the
-/// lane of the tag it is in (`None` before any scope was entered, or on a thread whose cache
-/// is not live): a diagnostic for tests, which check that a change of the records settings
+/// lane of the tag it is in (`None` before any scope was entered, on a thread whose cache
+/// is not live, or where the thread's lanes lie too low for a route to name them, as under
+/// valgrind without `--aspace-minaddr`: its frees then all take the slower way): a diagnostic for tests, which check that a change of the records settings
 /// does not leave a thread's frees on the slow path.
 #[doc(hidden)]
 pub fn __frees_follow_the_scope() -> Option<bool> {

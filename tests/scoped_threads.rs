@@ -142,7 +142,8 @@ fn workers(rounds: usize, forking: &AtomicBool) -> usize {
                     // Records settings change meanwhile (`flip_records`): the thread's frees
                     // still go straight to its tag's lane (counted, not asserted here: a
                     // worker that panicked would leave the others waiting for it).
-                    if tagalloc::scope::__frees_follow_the_scope() != Some(true) {
+                    // (`None` where routes cannot name the thread's lanes: valgrind.)
+                    if tagalloc::scope::__frees_follow_the_scope() == Some(false) {
                         OFF_ROUTE.fetch_add(1, Ordering::Relaxed);
                     }
                     if round == rounds / 2 {

@@ -1664,13 +1664,15 @@ pub(crate) unsafe fn leave_scope(tc: CacheRef, previous: Tag) {
 }
 
 /// Whether the calling thread's small frees are routed to its current lane (see
-/// `Lane::plain_from`): `None` before tags are in use or while the cache is not live.
+/// `Lane::plain_from`): `None` before tags are in use, while the cache is not live, and
+/// where a route cannot name the thread's lanes (they lie too low: valgrind without
+/// `--aspace-minaddr`, the main thread of a static non-PIE binary).
 pub(crate) fn frees_routed_to_current() -> Option<bool> {
     with_cache(|tc| {
-        (tags_in_use() && tc.state.get() == STATE_ACTIVE).then(|| {
-            lane::routed_lane(tc.system().plain_from())
-                .is_some_and(|(lane, _)| lane == tc.current.get())
-        })
+        let plain_from = tc.system().plain_from();
+        (tags_in_use() && tc.state.get() == STATE_ACTIVE && !lane::routes_nowhere(plain_from)).then(
+            || lane::routed_lane(plain_from).is_some_and(|(lane, _)| lane == tc.current.get()),
+        )
     })
 }
 

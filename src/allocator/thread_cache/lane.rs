@@ -244,10 +244,16 @@ pub(crate) fn routed_lane(plain_from: *const Lane) -> Option<(*const Lane, Tag)>
     let word = plain_from.addr();
     // 0 (no hook concerns frees) has bit 15 clear but names no lane, nor does a route
     // nowhere.
-    if word == 0 || word & ROUTE_NOWHERE == ROUTE_NOWHERE || !is_route(plain_from) {
+    if word == 0 || routes_nowhere(plain_from) || !is_route(plain_from) {
         return None;
     }
     Some(route_parts(word))
+}
+
+/// Whether a `plain_from` is a route to a lane too low to be named (see [`ROUTE_NOWHERE`]).
+#[inline(always)]
+pub(crate) fn routes_nowhere(plain_from: *const Lane) -> bool {
+    plain_from.addr() & ROUTE_NOWHERE == ROUTE_NOWHERE
 }
 
 /// Whether a `plain_from` that a block's address is below (so not 0) is a route (bit 15
