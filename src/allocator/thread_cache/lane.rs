@@ -165,10 +165,10 @@ pub(crate) const PLAIN_NEVER: usize = usize::MAX >> 1;
 /// bits match no segment's tag, so the free's tag test fails for it without a test of its
 /// own (see [`routed_lane_above_a_block`]). Setting them moves a threshold up by less than
 /// 64 KiB, which only sends the blocks just above it to the hooks' exact tests.
-pub(crate) const THRESHOLD_LOW_BITS: usize = 0xffff;
+const THRESHOLD_LOW_BITS: usize = 0xffff;
 
 /// A threshold at `address` (see [`THRESHOLD_LOW_BITS`]).
-pub(crate) const fn threshold_at(address: usize) -> usize {
+const fn threshold_at(address: usize) -> usize {
     address | THRESHOLD_LOW_BITS
 }
 
@@ -241,13 +241,14 @@ fn route_out_of_reach(address: usize) -> ! {
 /// pushed there, if it is a route naming a lane (not 0, a threshold, or [`ROUTE_NOWHERE`]).
 #[inline(always)]
 pub(crate) fn routed_lane(plain_from: *const Lane) -> Option<(*const Lane, Tag)> {
-    let word = plain_from.addr();
-    // 0 (no hook concerns frees) has bit 15 clear but names no lane, nor does a route
-    // nowhere.
-    if word == 0 || routes_nowhere(plain_from) || !is_route(plain_from) {
+    if !is_routing(plain_from) || routes_nowhere(plain_from) {
         return None;
     }
-    Some(route_parts(word))
+    let word = plain_from.addr();
+    Some((
+        ptr::with_exposed_provenance(word >> ROUTE_TAG_BITS),
+        (word & ROUTE_TAG_MASK) as Tag,
+    ))
 }
 
 /// Whether a `plain_from` is a route to a lane too low to be named (see [`ROUTE_NOWHERE`]).
@@ -285,15 +286,6 @@ pub(crate) fn routed_lane_above_a_block(
         return None;
     }
     Some(ptr::with_exposed_provenance(word >> ROUTE_TAG_BITS))
-}
-
-/// A route's lane and field.
-#[inline(always)]
-fn route_parts(word: usize) -> (*const Lane, Tag) {
-    (
-        ptr::with_exposed_provenance(word >> ROUTE_TAG_BITS),
-        (word & ROUTE_TAG_MASK) as Tag,
-    )
 }
 
 /// A size class as the global allocator's fast paths index a lane: the class times the

@@ -1247,9 +1247,7 @@ pub(crate) fn check_segment_before_reading(ptr: *mut u8, class: usize) {
 /// is reported without being read.
 #[inline]
 unsafe fn check_free_fully(ptr: *mut u8, class: usize) {
-    if super::addr_map::kind_of(ptr.addr()) != super::addr_map::SMALL {
-        report_bad_free(ptr, class);
-    }
+    check_segment_before_reading(ptr, class);
     let page = page_of(ptr);
     // SAFETY: the segment is live (the address map says so), so its header page is mapped;
     // the bitmap of a page serving a class is at the page's start.
