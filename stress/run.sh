@@ -2,8 +2,8 @@
 # Stress runs: what CI's single pass of the tests cannot show. Each stage found real bugs
 # that single runs had passed by luck (see the README's "Stress and sanitizers" section).
 #
-#   bash stress/run.sh                 # every stage (11 minutes on 2 cores, measured, plus
-#                                      # 10 minutes of fuzzing when cargo-fuzz is installed)
+#   bash stress/run.sh                 # every stage (about 60 minutes on 2 cores, measured
+#                                      # 2026-12-05, Miri 24 and fuzzing 12 of them)
 #   bash stress/run.sh models threads  # some stages
 #
 # Stages:
