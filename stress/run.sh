@@ -138,10 +138,8 @@ stage_valgrind() {
   while read -r name path; do
     [ -n "$name" ] || continue
     local log=$logs/valgrind_$name.log started=$SECONDS
-    # --fair-sched=yes: valgrind runs one thread at a time, and its default lock lets a thread
-    # that gives it up take it straight back, so a thread in a tight loop can starve the rest
-    # (the guarded tests, whose fork test forks beside a churning thread, took 14-90 s in
-    # place of 4-5 s, and once 900 s).
+    # --fair-sched=yes: valgrind's default thread lock lets a thread in a tight loop starve
+    # the rest (docs/testing.md, "Stress and sanitizers").
     if LANE_TRANSITIONS_SECS=2 FORK_POOLS_ROUNDS=30 timeout "$limit" \
       valgrind -q --fair-sched=yes --error-exitcode=9 --suppressions=stress/valgrind.supp \
       "$path" >"$log" 2>&1; then
